@@ -1,0 +1,49 @@
+"""Values, errors and pure rules of threadloom (DESIGN §2). No I/O, threads, wall clock or randomness."""
+
+from threadloom.domain.clock import Clock, ManualClock
+from threadloom.domain.errors import (
+    CancelledError,
+    CheckpointConflict,
+    CheckpointNotFound,
+    InvalidCommit,
+    OutcomeUnknown,
+    ProcessingError,
+    ReplayUnavailable,
+    StaleClaim,
+    ThreadBusy,
+    ThreadDeleted,
+    ThreadloomError,
+    ValidationError,
+)
+from threadloom.domain.values import (
+    BusyHolder,
+    Checkpoint,
+    CheckpointOrigin,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventDraft,
+    EventRecord,
+    PendingWrite,
+    RetentionPolicy,
+    RunClaim,
+    StoredCheckpoint,
+    SweepGuard,
+    SweepPage,
+    SweepPolicy,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+    ThreadStatus,
+    ThreadSummary,
+)
+
+__all__ = [
+    "BusyHolder", "CancelledError", "Checkpoint", "CheckpointConflict", "CheckpointNotFound", "CheckpointOrigin",
+    "CheckpointStatus", "ClaimRequest", "Clock", "Commit", "EffectRecord", "EventDraft", "EventRecord",
+    "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "ReplayUnavailable",
+    "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",
+    "ThreadBusy", "ThreadCursor", "ThreadDeleted", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
+    "ThreadloomError", "ValidationError",
+]

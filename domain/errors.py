@@ -1,0 +1,182 @@
+"""The errors of threadloom (DESIGN §2 "Errors").
+
+One root, :class:`ThreadloomError`. Every error carries its fields as attributes (attrs ``auto_exc``): compare
+errors by their fields, not with ``==``. Each message names the thread and says what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+class ThreadloomError(Exception):
+    """The root of every error threadloom raises."""
+
+
+@attrs.define(auto_exc=True, str=False)
+class ThreadBusy(ThreadloomError):
+    """A live claim refused a claim (seeds 000: claim).
+
+    Attributes:
+        thread_id: the thread asked for.
+        latest_checkpoint: the id of its latest checkpoint, or None for a thread without one.
+        holder: a :class:`~threadloom.domain.values.BusyHolder`: the holder's RunId only for the same tenant.
+    """
+
+    thread_id: str
+    latest_checkpoint: str | None
+    holder: Any
+
+    def __str__(self) -> str:
+        return (
+            f"thread {self.thread_id!r} is held by a live claim ({self.holder}); "
+            "wait for it to end or expire, then claim again"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class StaleClaim(ThreadloomError):
+    """A token that is not the thread's current claim (seeds 000: commit, renew, deleteThread).
+
+    Attributes:
+        thread_id: the thread whose claim was checked (for a fence, the fencing thread).
+        token: the token presented.
+        current: the thread's current claim token, or None when nothing holds it.
+    """
+
+    thread_id: str
+    token: int
+    current: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"token {self.token} is not the current claim of thread {self.thread_id!r} "
+            f"(current: {self.current}); this run lost the thread and must stop writing to it"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class CheckpointConflict(ThreadloomError):
+    """A new checkpoint's parent is not the thread's latest (DESIGN §3 rule 3)."""
+
+    thread_id: str
+    expected: str | None
+    actual: str | None
+
+    def __str__(self) -> str:
+        return (
+            f"checkpoint parent {self.expected!r} is not the latest checkpoint {self.actual!r} of thread "
+            f"{self.thread_id!r}; re-read the thread and commit on its latest"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class InvalidCommit(ThreadloomError):
+    """A commit the store cannot apply: duplicate checkpoint id, misdirected pending write, bare retract_turn."""
+
+    thread_id: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"invalid commit to thread {self.thread_id!r}: {self.reason}"
+
+
+@attrs.define(auto_exc=True, str=False)
+class ReplayUnavailable(ThreadloomError):
+    """Reading from behind the replay floor (seeds 000: eventsAfter)."""
+
+    thread_id: str
+    earliest_seq: int
+
+    def __str__(self) -> str:
+        return (
+            f"events of thread {self.thread_id!r} before {self.earliest_seq} were compacted or pruned; "
+            f"read from after_seq >= {self.earliest_seq - 1}"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class ThreadDeleted(ThreadloomError):
+    """Reading inside the log of a deleted incarnation of the thread id (seeds 000: deleteThread)."""
+
+    thread_id: str
+    first_seq: int
+
+    def __str__(self) -> str:
+        return (
+            f"thread {self.thread_id!r} was deleted; its current log starts at {self.first_seq} "
+            f"(read from after_seq 0 or {self.first_seq - 1})"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class CheckpointNotFound(ThreadloomError):
+    """``history(before=…)`` names a checkpoint the history does not hold."""
+
+    thread_id: str
+    checkpoint_id: str
+
+    def __str__(self) -> str:
+        return (
+            f"checkpoint {self.checkpoint_id!r} is not in the history of thread {self.thread_id!r}; "
+            "page again from the start"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class ValidationError(ThreadloomError, ValueError):
+    """Bad input, raised before anything is read or written.
+
+    Attributes:
+        field: the argument or value field that is wrong, e.g. ``"thread_id"`` or ``"commit.checkpoint.state"``.
+        problems: what is wrong with it, one sentence each.
+    """
+
+    field: str
+    problems: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"invalid {self.field}: " + "; ".join(self.problems)
+
+
+@attrs.define(auto_exc=True, str=False)
+class ProcessingError(ThreadloomError):
+    """The storage failed, timed out, or the store is closed.
+
+    Attributes:
+        operation: the store method, e.g. ``"commit"``.
+        message: what happened, naming the thread where there is one.
+    """
+
+    operation: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.operation} failed: {self.message}"
+
+
+@attrs.define(auto_exc=True, str=False)
+class OutcomeUnknown(ProcessingError):
+    """The call failed while its commit was in flight: it may or may not have applied.
+
+    A retry is safe: fencing refuses a write from a run whose claim was replaced, and a checkpoint already
+    applied makes the retry a :class:`CheckpointConflict` or :class:`InvalidCommit` (read the thread to learn).
+    """
+
+    def __str__(self) -> str:
+        return (
+            f"{self.operation}: outcome unknown ({self.message}); it may have applied - "
+            "read the thread before retrying"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class CancelledError(ThreadloomError):
+    """A call ended by its cancel event (DESIGN §3 rule 11)."""
+
+    operation: str
+
+    def __str__(self) -> str:
+        return f"{self.operation} was cancelled"

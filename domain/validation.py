@@ -1,0 +1,169 @@
+"""Input validation shared by every value and every store (DESIGN §2).
+
+Each check raises :class:`~threadloom.domain.errors.ValidationError` naming the field and the problem, and
+never touches storage: stores call these before they read or write anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from threadloom.domain.errors import ValidationError
+
+MAX_ID_LENGTH = 255
+"""Longest id, in characters (DESIGN §2)."""
+
+MAX_JSON_DEPTH = 256
+"""Deepest nesting of a JSON value; deeper values are refused rather than overflowing the encoder."""
+
+
+def _has_surrogate(text: str) -> bool:
+    return any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def check_id(field: str, value: Any) -> str:
+    """Validates an id: a non-empty ``str`` of at most 255 characters, without NUL or surrogates.
+
+    Returns:
+        The id unchanged.
+
+    Raises:
+        ValidationError: naming ``field`` when the id is not of that form.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(field, (f"must be a str, got {type(value).__name__}",))
+    problems = []
+    if not value:
+        problems.append("must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        problems.append(f"must be at most {MAX_ID_LENGTH} characters, got {len(value)}")
+    if "\x00" in value:
+        problems.append("must not contain NUL")
+    if _has_surrogate(value):
+        problems.append("must not contain surrogate code points")
+    if problems:
+        raise ValidationError(field, tuple(problems))
+    return value
+
+
+def check_optional_id(field: str, value: Any) -> str | None:
+    """Validates an id that may be ``None`` (see :func:`check_id`)."""
+    return None if value is None else check_id(field, value)
+
+
+def check_text(field: str, value: Any) -> str:
+    """Validates free text: a ``str`` without NUL or surrogates (it may be empty)."""
+    if not isinstance(value, str):
+        raise ValidationError(field, (f"must be a str, got {type(value).__name__}",))
+    if "\x00" in value:
+        raise ValidationError(field, ("must not contain NUL",))
+    if _has_surrogate(value):
+        raise ValidationError(field, ("must not contain surrogate code points",))
+    return value
+
+
+def check_aware(field: str, value: Any) -> datetime:
+    """Validates a timezone-aware ``datetime``; a naive one is refused (DESIGN §2)."""
+    if not isinstance(value, datetime):
+        raise ValidationError(field, (f"must be a datetime, got {type(value).__name__}",))
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError(field, ("must be timezone-aware (a naive datetime has no defined instant)",))
+    return value
+
+
+def check_positive_duration(field: str, value: Any) -> timedelta:
+    """Validates a ``timedelta`` greater than zero."""
+    if not isinstance(value, timedelta):
+        raise ValidationError(field, (f"must be a timedelta, got {type(value).__name__}",))
+    if value <= timedelta(0):
+        raise ValidationError(field, (f"must be greater than zero, got {value}",))
+    return value
+
+
+def check_non_negative_duration(field: str, value: Any) -> timedelta:
+    """Validates a ``timedelta`` of zero or more."""
+    if not isinstance(value, timedelta):
+        raise ValidationError(field, (f"must be a timedelta, got {type(value).__name__}",))
+    if value < timedelta(0):
+        raise ValidationError(field, (f"must not be negative, got {value}",))
+    return value
+
+
+def check_int(field: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """Validates an ``int`` (never a ``bool``) within ``low..high`` inclusive."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValidationError(field, (f"must be an int, got {type(value).__name__}",))
+    if low is not None and value < low:
+        raise ValidationError(field, (f"must be at least {low}, got {value}",))
+    if high is not None and value > high:
+        raise ValidationError(field, (f"must be at most {high}, got {value}",))
+    return value
+
+
+def check_str_map(field: str, value: Any) -> dict[str, str]:
+    """Validates a ``dict[str, str]`` (metadata); returns a fresh copy."""
+    if not isinstance(value, Mapping):
+        raise ValidationError(field, (f"must be a mapping of str to str, got {type(value).__name__}",))
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        check_text(f"{field} key", key)
+        check_text(f"{field}[{key!r}]", item)
+        out[key] = item
+    return out
+
+
+def check_json(field: str, value: Any) -> Any:
+    """Validates a JSON value: dict (str keys), list/tuple, str, int, finite float, bool or None.
+
+    Returns:
+        The value unchanged (tuples are encoded as JSON arrays and read back as lists).
+
+    Raises:
+        ValidationError: naming ``field`` and the path of the first bad part (NaN, infinity, bytes, sets,
+            objects, non-string keys, NUL-free surrogate-free strings only, nesting deeper than 256).
+    """
+    stack: list[tuple[Any, str, int]] = [(value, field, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValidationError(field, (f"{path}: nested deeper than {MAX_JSON_DEPTH}",))
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                raise ValidationError(field, (f"{path}: string contains surrogate code points",))
+            continue
+        if isinstance(item, int):
+            if type(item) is not int and not isinstance(item, bool):
+                raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON number",))
+            continue
+        if isinstance(item, float):
+            if type(item) is not float:
+                raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON number",))
+            if not math.isfinite(item):
+                raise ValidationError(field, (f"{path}: {item!r} is not a finite number",))
+            continue
+        if isinstance(item, dict):
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise ValidationError(field, (f"{path}: key {key!r} is not a str",))
+                if _has_surrogate(key):
+                    raise ValidationError(field, (f"{path}: key contains surrogate code points",))
+                stack.append((sub, f"{path}.{key}", depth + 1))
+            continue
+        if isinstance(item, (list, tuple)):
+            for index, sub in enumerate(item):
+                stack.append((sub, f"{path}[{index}]", depth + 1))
+            continue
+        raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON value",))
+    return value
+
+
+def check_run_ids(field: str, value: Any) -> frozenset[str]:
+    """Validates a collection of run ids (list, tuple, set or frozenset of ids, never a bare ``str``)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValidationError(field, ("must be a collection of run ids",))
+    return frozenset(check_id(f"{field} item", item) for item in value)

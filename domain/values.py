@@ -1,0 +1,466 @@
+"""The values of threadloom (DESIGN §2): attrs frozen classes that validate on construction.
+
+Constructors take keywords. Times are timezone-aware ``datetime`` (UTC by convention), durations ``timedelta``,
+ids non-empty ``str`` of at most 255 characters, JSON values plain ``dict``/``list``/``str``/``int``/``float``/
+``bool``/``None``. A value that fails validation raises :class:`ValidationError` naming the field.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Protocol
+
+import attrs
+
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ValidationError
+
+
+def _id(field: str):
+    return lambda _inst, _attr, value: v.check_id(field, value)
+
+
+def _opt_id(field: str):
+    return lambda _inst, _attr, value: v.check_optional_id(field, value)
+
+
+def _json(field: str):
+    return lambda _inst, _attr, value: v.check_json(field, value)
+
+
+def _aware(field: str):
+    return lambda _inst, _attr, value: v.check_aware(field, value)
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    return v.check_str_map("metadata", value)
+
+
+def _opt_str_map(value: Any) -> dict[str, str] | None:
+    return None if value is None else v.check_str_map("metadata", value)
+
+
+def _tuple_of(kind: type, field: str):
+    def convert(value: Any) -> tuple:
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+            raise ValidationError(field, (f"must be a sequence of {kind.__name__}",))
+        items = tuple(value)
+        for index, item in enumerate(items):
+            if not isinstance(item, kind):
+                raise ValidationError(
+                    f"{field}[{index}]", (f"must be a {kind.__name__}, got {type(item).__name__}",)
+                )
+        return items
+
+    return convert
+
+
+class CheckpointStatus(enum.Enum):
+    """The status of a checkpoint; ``COMPLETED`` and ``FAILED`` are *settled* (DESIGN §2)."""
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def settled(self) -> bool:
+        """True for ``COMPLETED`` and ``FAILED``."""
+        return self in (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
+
+
+class ThreadStatus(enum.Enum):
+    """A thread's status as the registry reports it (DESIGN §2, seeds 000: threads)."""
+
+    RUNNING = "running"
+    """A live claim holds it."""
+    IDLE = "idle"
+    """Its latest checkpoint is RUNNING and no live claim holds it."""
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    DELETED = "deleted"
+    """A cascade delete has begun (DESIGN §5)."""
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointOrigin:
+    """Where a child thread was spawned: the parent thread, and optionally its checkpoint and task."""
+
+    parent_thread: str = attrs.field(validator=_id("origin.parent_thread"))
+    parent_checkpoint: str | None = attrs.field(default=None, validator=_opt_id("origin.parent_checkpoint"))
+    task_id: str | None = attrs.field(default=None, validator=_opt_id("origin.task_id"))
+
+
+def _status(value: Any) -> CheckpointStatus:
+    if isinstance(value, CheckpointStatus):
+        return value
+    raise ValidationError("status", (f"must be a CheckpointStatus, got {value!r}",))
+
+
+def _optional(kind: type, field: str):
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if value is not None and not isinstance(value, kind):
+            raise ValidationError(field, (f"must be a {kind.__name__} or None, got {type(value).__name__}",))
+
+    return check
+
+
+def _opt_token(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None:
+        v.check_int("fencing_token", value, low=1)
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    """One step of a thread's history (DESIGN §2).
+
+    ``created_at`` is the producer's clock, kept as its record and never used for retention; the store stamps
+    its own commit time. ``fencing_token`` is stamped by the store with the commit's token.
+    """
+
+    id: str = attrs.field(validator=_id("checkpoint.id"))
+    parent: str | None = attrs.field(validator=_opt_id("checkpoint.parent"))
+    thread_id: str = attrs.field(validator=_id("checkpoint.thread_id"))
+    run_id: str = attrs.field(validator=_id("checkpoint.run_id"))
+    status: CheckpointStatus = attrs.field(converter=_status)
+    created_at: datetime = attrs.field(validator=_aware("checkpoint.created_at"))
+    state: Any = attrs.field(factory=dict, validator=_json("checkpoint.state"))
+    graph_id: str = attrs.field(default="default", validator=_id("checkpoint.graph_id"))
+    tenant_id: str | None = attrs.field(default=None, validator=_opt_id("checkpoint.tenant_id"))
+    fencing_token: int | None = attrs.field(default=None, validator=_opt_token)
+    origin: CheckpointOrigin | None = attrs.field(
+        default=None, validator=_optional(CheckpointOrigin, "checkpoint.origin")
+    )
+    metadata: dict[str, str] = attrs.field(factory=dict, converter=_str_map)
+
+
+@attrs.frozen(kw_only=True)
+class PendingWrite:
+    """A finished task's result, recorded against the checkpoint whose step it ran in."""
+
+    checkpoint_id: str = attrs.field(validator=_id("pending_write.checkpoint_id"))
+    task_id: str = attrs.field(validator=_id("pending_write.task_id"))
+    node_id: str = attrs.field(validator=_id("pending_write.node_id"))
+    payload: Any = attrs.field(default=None, validator=_json("pending_write.payload"))
+
+
+@attrs.frozen(kw_only=True)
+class EventDraft:
+    """An event as a producer commits it; the store numbers it (DESIGN §3 rule 4)."""
+
+    run_id: str = attrs.field(validator=_id("event.run_id"))
+    type: str = attrs.field(validator=_id("event.type"))
+    timestamp: datetime = attrs.field(validator=_aware("event.timestamp"))
+    payload: Any = attrs.field(default=None, validator=_json("event.payload"))
+    checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("event.checkpoint_id"))
+    task_id: str | None = attrs.field(default=None, validator=_opt_id("event.task_id"))
+    node_id: str | None = attrs.field(default=None, validator=_opt_id("event.node_id"))
+
+
+@attrs.frozen(kw_only=True)
+class EventRecord:
+    """A numbered event: the draft's fields plus ``thread_id``, ``seq`` and the commit's ``token``."""
+
+    thread_id: str = attrs.field(validator=_id("event.thread_id"))
+    seq: int = attrs.field()
+    token: int = attrs.field()
+    run_id: str = attrs.field(validator=_id("event.run_id"))
+    type: str = attrs.field(validator=_id("event.type"))
+    timestamp: datetime = attrs.field(validator=_aware("event.timestamp"))
+    payload: Any = None
+    checkpoint_id: str | None = None
+    task_id: str | None = None
+    node_id: str | None = None
+
+    @classmethod
+    def of(cls, draft: EventDraft, *, thread_id: str, seq: int, token: int) -> EventRecord:
+        """The record a store returns for ``draft`` numbered ``seq`` by a commit under ``token``."""
+        return cls(
+            thread_id=thread_id,
+            seq=seq,
+            token=token,
+            run_id=draft.run_id,
+            type=draft.type,
+            timestamp=draft.timestamp,
+            payload=draft.payload,
+            checkpoint_id=draft.checkpoint_id,
+            task_id=draft.task_id,
+            node_id=draft.node_id,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class EffectRecord:
+    """The recorded result of a side effect under an idempotency ``key`` (first-wins, DESIGN §3 rule 3)."""
+
+    key: str = attrs.field(validator=_id("effect.key"))
+    run_id: str = attrs.field(validator=_id("effect.run_id"))
+    recorded_at: datetime = attrs.field(validator=_aware("effect.recorded_at"))
+    result: Any = attrs.field(default=None, validator=_json("effect.result"))
+    checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("effect.checkpoint_id"))
+    task_id: str | None = attrs.field(default=None, validator=_opt_id("effect.task_id"))
+
+
+def _token(_inst: Any, _attr: Any, value: Any) -> None:
+    v.check_int("commit.token", value, low=1)
+
+
+def _fence(value: Any) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise ValidationError("commit.fence", ("must be a (thread_id, token) pair or None",))
+    other, token = value
+    return (v.check_id("commit.fence thread_id", other), v.check_int("commit.fence token", token, low=1))
+
+
+@attrs.frozen(kw_only=True)
+class Commit:
+    """One atomic, fenced write to a thread (DESIGN §3 rule 3).
+
+    Attributes:
+        token: the fencing token of the writer's claim.
+        checkpoint: a new latest checkpoint, or None.
+        pending_writes: writes against the resulting latest checkpoint, in order.
+        events: drafts the store numbers contiguously, in order.
+        effects: effect records, written first-wins by key.
+        retract_turn: cut the history back to its newest settled checkpoint first (needs a checkpoint).
+        fence: ``(other_thread_id, other_token)``: also require that claim, checked after the thread's own.
+        metadata: keys merged into the thread's metadata (a metadata commit moves ``updated_at``).
+    """
+
+    token: int = attrs.field(validator=_token)
+    checkpoint: Checkpoint | None = attrs.field(default=None, validator=_optional(Checkpoint, "commit.checkpoint"))
+    pending_writes: tuple[PendingWrite, ...] = attrs.field(
+        default=(), converter=_tuple_of(PendingWrite, "commit.pending_writes")
+    )
+    events: tuple[EventDraft, ...] = attrs.field(default=(), converter=_tuple_of(EventDraft, "commit.events"))
+    effects: tuple[EffectRecord, ...] = attrs.field(default=(), converter=_tuple_of(EffectRecord, "commit.effects"))
+    retract_turn: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    fence: tuple[str, int] | None = attrs.field(default=None, converter=_fence)
+    metadata: dict[str, str] | None = attrs.field(default=None, converter=_opt_str_map)
+
+
+@attrs.frozen(kw_only=True)
+class StoredCheckpoint:
+    """A thread's latest checkpoint and its pending writes, in commit order."""
+
+    checkpoint: Checkpoint
+    pending_writes: tuple[PendingWrite, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ClaimRequest:
+    """A request to claim a thread for ``holder`` (a RunId) for ``ttl``, recording ``tenant_id``."""
+
+    holder: str = attrs.field(validator=_id("request.holder"))
+    ttl: timedelta = attrs.field(validator=lambda _i, _a, value: v.check_positive_duration("request.ttl", value))
+    tenant_id: str | None = attrs.field(default=None, validator=_opt_id("request.tenant_id"))
+
+
+@attrs.frozen(kw_only=True)
+class RunClaim:
+    """A granted claim: ``token`` fences the holder's writes until another claim replaces it."""
+
+    thread_id: str
+    holder: str
+    token: int
+    expires_at: datetime
+    tenant_id: str | None = None
+    taken_over_from: str | None = None
+
+
+class BusyHolder:
+    """Who holds a thread that refused a claim: ``BusyHolder.Run(holder)``, ``UNNAMED`` or ``LAPSED``.
+
+    A store names the holder only to a request of the same tenant (DESIGN §3 rule 1) and never returns
+    ``LAPSED`` (the runtime's: a claim that lapsed while a run still thinks it holds it).
+    """
+
+    Run: ClassVar[type]
+    UNNAMED: ClassVar[BusyHolder]
+    LAPSED: ClassVar[BusyHolder]
+
+
+@attrs.frozen
+class _Run(BusyHolder):
+    holder: str
+
+    def __str__(self) -> str:
+        return f"held by run {self.holder!r}"
+
+
+@attrs.frozen
+class _Named(BusyHolder):
+    name: str
+
+    def __str__(self) -> str:
+        return "held by another tenant's run" if self.name == "unnamed" else "held by a claim that lapsed"
+
+    def __repr__(self) -> str:
+        return f"BusyHolder.{self.name.upper()}"
+
+
+_Run.__name__ = _Run.__qualname__ = "BusyHolder.Run"
+BusyHolder.Run = _Run
+BusyHolder.UNNAMED = _Named("unnamed")
+BusyHolder.LAPSED = _Named("lapsed")
+
+
+def _opt_duration(field: str):
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if value is not None:
+            v.check_positive_duration(field, value)
+
+    return check
+
+
+def _opt_int(field: str, low: int):
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if value is not None:
+            v.check_int(field, value, low=low)
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class RetentionPolicy:
+    """What prune and sweep keep (seeds 000: prune). ``RetentionPolicy()`` keeps everything.
+
+    Attributes:
+        max_age: checkpoints and events committed this long ago or longer (store clock) are removed.
+        max_checkpoints: keep at most this many newest checkpoints (>= 1).
+        max_events: keep at most this many newest events (>= 0).
+    The latest checkpoint and its pending writes are always kept.
+    """
+
+    max_age: timedelta | None = attrs.field(default=None, validator=_opt_duration("retention.max_age"))
+    max_checkpoints: int | None = attrs.field(default=None, validator=_opt_int("retention.max_checkpoints", 1))
+    max_events: int | None = attrs.field(default=None, validator=_opt_int("retention.max_events", 0))
+
+    @property
+    def keeps_everything(self) -> bool:
+        """True when no limit is set."""
+        return self.max_age is None and self.max_checkpoints is None and self.max_events is None
+
+
+@attrs.frozen(kw_only=True)
+class SweepPolicy:
+    """One sweep's policy: retention for each thread, page size, and the age after which tombstones go."""
+
+    retention: RetentionPolicy = attrs.field(
+        factory=RetentionPolicy, validator=attrs.validators.instance_of(RetentionPolicy)
+    )
+    batch_size: int = attrs.field(
+        default=100, validator=lambda _i, _a, value: v.check_int("policy.batch_size", value, low=1, high=10_000)
+    )
+    tombstone_age: timedelta | None = attrs.field(default=None, validator=_opt_duration("policy.tombstone_age"))
+
+
+class SweepGuard(Protocol):
+    """Says which threads of a sweep page are protected, and which of their runs (seeds 000: sweep).
+
+    ``protected(thread_ids)`` returns a mapping from protected thread id to the run ids whose newest
+    checkpoints must be kept; a thread absent from it is not protected. Raising ends the sweep call with
+    nothing changed.
+    """
+
+    def protected(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]: ...
+
+
+@attrs.frozen(kw_only=True)
+class SweepPage:
+    """What one sweep call did: the threads it visited, pruned and reclaimed, and the next page's cursor."""
+
+    visited: tuple[str, ...] = ()
+    pruned: tuple[str, ...] = ()
+    reclaimed: tuple[str, ...] = ()
+    next: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ThreadSummary:
+    """A registry row: a root thread as ``threads`` and ``incomplete`` list it (seeds 000: threads)."""
+
+    thread_id: str
+    tenant_id: str | None
+    status: ThreadStatus
+    updated_at: datetime
+    latest_checkpoint_id: str
+    latest_run_id: str
+    graph_id: str
+    metadata: dict[str, str] = attrs.field(factory=dict)
+
+    @property
+    def cursor(self) -> ThreadCursor:
+        """The cursor that pages after this row."""
+        return ThreadCursor(updated_at=self.updated_at, thread_id=self.thread_id)
+
+
+@attrs.frozen(kw_only=True)
+class ThreadCursor:
+    """A position in the registry: ``(updated_at, thread_id)``."""
+
+    updated_at: datetime = attrs.field(validator=_aware("after.updated_at"))
+    thread_id: str = attrs.field(validator=_id("after.thread_id"))
+
+
+def _statuses(value: Any) -> frozenset[ThreadStatus] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValidationError("query.statuses", ("must be a collection of ThreadStatus or None",))
+    out = frozenset(value)
+    for item in out:
+        if not isinstance(item, ThreadStatus):
+            raise ValidationError("query.statuses", (f"{item!r} is not a ThreadStatus",))
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class ThreadQuery:
+    """A registry query (seeds 000: threads): one tenant's root threads, newest first, filtered and paged."""
+
+    MAX_LIMIT: ClassVar[int] = 1000
+
+    tenant_id: str | None = attrs.field(validator=_opt_id("query.tenant_id"))
+    limit: int = attrs.field(
+        default=50, validator=lambda _i, _a, value: v.check_int("query.limit", value, low=1, high=1000)
+    )
+    after: ThreadCursor | None = attrs.field(default=None, validator=_optional(ThreadCursor, "query.after"))
+    statuses: frozenset[ThreadStatus] | None = attrs.field(default=None, converter=_statuses)
+    updated_since: datetime | None = attrs.field(
+        default=None,
+        validator=lambda _i, _a, value: value is None or v.check_aware("query.updated_since", value),
+    )
+    graph_id: str | None = attrs.field(default=None, validator=_opt_id("query.graph_id"))
+
+    def matches(self, summary: ThreadSummary) -> bool:
+        """True when ``summary`` passes every filter of this query (tenant, statuses, updated_since, graph)."""
+        if summary.tenant_id != self.tenant_id:
+            return False
+        if self.statuses is not None and summary.status not in self.statuses:
+            return False
+        if self.updated_since is not None and summary.updated_at < self.updated_since:
+            return False
+        if self.graph_id is not None and summary.graph_id != self.graph_id:
+            return False
+        return True
+
+
+@attrs.frozen(kw_only=True)
+class ThreadPage:
+    """A page of registry rows and the cursor of the next page (None when no more match)."""
+
+    items: tuple[ThreadSummary, ...] = ()
+    next: ThreadCursor | None = None
+
+    @classmethod
+    def of(cls, rows: list[ThreadSummary], limit: int) -> ThreadPage:
+        """The page of the first ``limit`` of ``rows`` (read one past ``limit`` to know whether more follow)."""
+        items = tuple(rows[:limit])
+        more = len(rows) > limit
+        return cls(items=items, next=items[-1].cursor if more and items else None)

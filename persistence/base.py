@@ -1,0 +1,486 @@
+"""The ``Checkpointer`` contract (DESIGN §3; seeds 000, every method paragraph).
+
+Every public method validates its arguments first (``ValidationError`` naming the field, nothing read or
+written), refuses the call once the store is closed (``ProcessingError``), and then calls the store's
+``_``-prefixed implementation. Stores implement those; they never re-validate.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from threadloom.domain import rules
+from threadloom.domain import validation as v
+from threadloom.domain.errors import CancelledError, ProcessingError, ValidationError
+from threadloom.domain.values import (
+    Checkpoint,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventRecord,
+    RetentionPolicy,
+    RunClaim,
+    StoredCheckpoint,
+    SweepGuard,
+    SweepPage,
+    SweepPolicy,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+)
+
+
+def _instance(field: str, value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
+    return value
+
+
+def _check_cancel(cancel: Any) -> threading.Event | None:
+    if cancel is not None and not (callable(getattr(cancel, "is_set", None)) and callable(getattr(cancel, "wait", None))):
+        raise ValidationError("cancel", ("must be a threading.Event or None",))
+    return cancel
+
+
+def check_commit(thread_id: str, commit: Any) -> Commit:
+    """Validates a commit for ``thread_id`` beyond what its constructor checked.
+
+    Raises:
+        ValidationError: not a ``Commit``; its checkpoint names another thread or carries another token; its
+            fence names the thread itself.
+    """
+    _instance("commit", commit, Commit)
+    cp = commit.checkpoint
+    if cp is not None:
+        if cp.thread_id != thread_id:
+            raise ValidationError(
+                "commit.checkpoint.thread_id", (f"names thread {cp.thread_id!r}, but the commit is to {thread_id!r}",)
+            )
+        if cp.fencing_token is not None and cp.fencing_token != commit.token:
+            raise ValidationError(
+                "commit.checkpoint.fencing_token",
+                (f"is {cp.fencing_token}, but the commit's token is {commit.token} (leave it None)",),
+            )
+        if cp.parent == cp.id:
+            raise ValidationError("commit.checkpoint.parent", ("must not be the checkpoint itself",))
+    if commit.fence is not None and commit.fence[0] == thread_id:
+        raise ValidationError("commit.fence", ("must name another thread than the one committed to",))
+    keys = [effect.key for effect in commit.effects]
+    if len(keys) != len(set(keys)):
+        raise ValidationError("commit.effects", ("two effect records share a key",))
+    return commit
+
+
+class Checkpointer(abc.ABC):
+    """A store of agent threads: claims, fenced commits, history, events, tombstones, retention (DESIGN §3).
+
+    Safe to call from any number of threads; several stores over one storage behave as one. Use as a context
+    manager to close it.
+    """
+
+    poll_interval: timedelta = timedelta(milliseconds=50)
+    """How often the polling default of :meth:`await_events_after` re-reads (a store that wakes overrides it)."""
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def _ensure_open(self, operation: str) -> None:
+        if self._closed:
+            raise ProcessingError(operation, "the store is closed; open a new one")
+
+    def close(self) -> None:
+        """Closes the store (rule 12): later calls raise ``ProcessingError``; closing twice does nothing.
+
+        A claim this store granted stays in the storage until released through another store or expired.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+    # -- claims --------------------------------------------------------------------------------------------------
+
+    def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
+        """Claims ``thread_id`` for ``request.holder`` until ``request.ttl`` from now, by the store's clock.
+
+        Source: seeds 000 "claim"; DESIGN §3 rules 1–2. A thread need not have a checkpoint to be claimed.
+
+        Returns:
+            The claim with a new fencing token, greater than every token the storage issued before; its
+            ``taken_over_from`` names the holder of an expired, unreleased claim it replaced (same tenant only).
+
+        Raises:
+            ThreadBusy: a live claim holds the thread (the holder's own included); nothing changed. The holder
+                is named only to a request of the same tenant. Retrying after the claim ends is safe.
+            ValidationError: bad ``thread_id`` or ``request``.
+            ProcessingError: the storage failed or the store is closed.
+        """
+        v.check_id("thread_id", thread_id)
+        _instance("request", request, ClaimRequest)
+        self._ensure_open("claim")
+        return self._claim(thread_id, request)
+
+    def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
+        """Extends the claim ``token`` to ``ttl`` from now by the store's clock (seeds 000 "renew").
+
+        An expired claim nobody replaced is renewed.
+
+        Raises:
+            StaleClaim: ``token`` is not the thread's current claim (taken over, released, or deleted).
+            ValidationError, ProcessingError: as for :meth:`claim`.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("token", token, low=1)
+        v.check_positive_duration("ttl", ttl)
+        self._ensure_open("renew")
+        return self._renew(thread_id, token, ttl)
+
+    def release(self, thread_id: str, token: int) -> None:
+        """Ends the claim ``token`` so the thread can be claimed again at once (seeds 000 "release").
+
+        A token that is not the thread's current claim changes nothing: a run that lost its claim never
+        releases its successor's.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("token", token, low=1)
+        self._ensure_open("release")
+        self._release(thread_id, token)
+
+    # -- commits -------------------------------------------------------------------------------------------------
+
+    def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+        """Applies ``commit`` atomically, fenced by its token (DESIGN §3 rules 3–4; seeds 000 "commit").
+
+        Checks, in order, the first failure winning with nothing written: own token (``StaleClaim``), the
+        fence's token (``StaleClaim`` naming the other thread), the checkpoint's parent against the latest
+        (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
+        already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
+        checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
+
+        Returns:
+            The commit's events, numbered contiguously in commit order, each with the commit's token: what a
+            later read returns.
+
+        Raises:
+            StaleClaim, CheckpointConflict, InvalidCommit: as above; a retry with the same commit is refused
+                the same way.
+            OutcomeUnknown: the storage failed while the commit was in flight (read the thread to learn).
+            ValidationError, ProcessingError: as for :meth:`claim`.
+        """
+        v.check_id("thread_id", thread_id)
+        check_commit(thread_id, commit)
+        self._ensure_open("commit")
+        return self._commit(thread_id, commit)
+
+    # -- reads -----------------------------------------------------------------------------------------------------
+
+    def latest(self, thread_id: str) -> StoredCheckpoint | None:
+        """The thread's latest checkpoint and its pending writes in commit order; None for a new thread."""
+        v.check_id("thread_id", thread_id)
+        self._ensure_open("latest")
+        return self._latest(thread_id)
+
+    def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
+        """Checkpoint ``checkpoint_id`` of the thread's history, latest included; None if it is not there."""
+        v.check_id("thread_id", thread_id)
+        v.check_id("checkpoint_id", checkpoint_id)
+        self._ensure_open("checkpoint")
+        return self._checkpoint(thread_id, checkpoint_id)
+
+    def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
+        """Up to ``limit`` (1..1000) of the thread's checkpoints, newest first, after ``before`` when given.
+
+        Source: seeds 000 "history"; DESIGN §3 rule 5. Page by passing the last id of each page as ``before``.
+
+        Raises:
+            CheckpointNotFound: ``before`` is not in the history.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        v.check_optional_id("before", before)
+        self._ensure_open("history")
+        return self._history(thread_id, limit, before)
+
+    def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
+        """Up to ``limit`` (1..1000) of ``parent``'s direct children, oldest first (seeds 000 "children").
+
+        A child is a thread whose latest checkpoint's origin names ``parent``, ordered by when it first
+        committed a checkpoint with that origin; deleted threads are not listed but keep their place while
+        their tombstone does.
+
+        Raises:
+            ValidationError: ``after`` is not known as a child of ``parent``.
+        """
+        v.check_id("parent", parent)
+        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        v.check_optional_id("after", after)
+        self._ensure_open("children")
+        return self._children(parent, limit, after)
+
+    def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        """Up to ``limit`` (1..10000) events with ``seq > after_seq``, ascending (seeds 000 "eventsAfter").
+
+        ``after_seq`` 0 and the number just before the incarnation's first both read from its first event.
+
+        Raises:
+            ReplayUnavailable: the start lies behind the replay floor.
+            ThreadDeleted: ``after_seq`` lies inside a deleted incarnation's log.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("after_seq", after_seq, low=0)
+        v.check_int("limit", limit, low=1, high=rules.MAX_EVENTS_PAGE)
+        self._ensure_open("events_after")
+        return self._events_after(thread_id, after_seq, limit)
+
+    def await_events_after(
+        self,
+        thread_id: str,
+        after_seq: int,
+        limit: int,
+        timeout: timedelta,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> list[EventRecord]:
+        """:meth:`events_after`, waiting up to ``timeout`` for a commit when there is nothing yet.
+
+        Source: seeds 000 "awaitEventsAfter"; DESIGN §3 rule 11. Returns at once when the log holds events after
+        ``after_seq``; otherwise the events of a commit that lands within ``timeout`` through any store over the
+        storage, or ``[]``. This default polls every :attr:`poll_interval`.
+
+        Raises:
+            CancelledError: ``cancel`` was set (checked before the call and at every poll).
+            ReplayUnavailable, ThreadDeleted: as :meth:`events_after`.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("after_seq", after_seq, low=0)
+        v.check_int("limit", limit, low=1, high=rules.MAX_EVENTS_PAGE)
+        v.check_non_negative_duration("timeout", timeout)
+        _check_cancel(cancel)
+        self._ensure_open("await_events_after")
+        if cancel is not None and cancel.is_set():
+            raise CancelledError("await_events_after")
+        return self._await_events_after(thread_id, after_seq, limit, timeout, cancel)
+
+    def _await_events_after(
+        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
+    ) -> list[EventRecord]:
+        deadline = time.monotonic() + timeout.total_seconds()
+        interval = self.poll_interval.total_seconds()
+        while True:
+            self._ensure_open("await_events_after")
+            found = self._events_after(thread_id, after_seq, limit)
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return found
+            pause = min(interval, remaining)
+            if cancel is not None:
+                if cancel.wait(pause):
+                    raise CancelledError("await_events_after")
+            else:
+                time.sleep(pause)
+
+    def compact_events(self, thread_id: str, before_seq: int) -> None:
+        """Drops events with ``seq < before_seq``; replay then starts no earlier (seeds 000 "compactEvents").
+
+        Needs no claim. The floor never moves back and never passes the thread's next number.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("before_seq", before_seq, low=0)
+        self._ensure_open("compact_events")
+        self._compact_events(thread_id, before_seq)
+
+    def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
+        """Removes everything stored for the thread, fenced like a commit (DESIGN §3 rule 6).
+
+        History, pending writes, events, effects and the claim go; a tombstone keeps where the event numbering
+        ended (the next incarnation starts one number past it) and when the store deleted it. Wakes waiters.
+
+        Raises:
+            StaleClaim: ``token`` is not the thread's current claim (a thread with no claim is refused: claim
+                it first), or the fence's token is not the fence thread's; nothing deleted.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_int("token", token, low=1)
+        if fence is not None:
+            if not isinstance(fence, tuple) or len(fence) != 2:
+                raise ValidationError("fence", ("must be a (thread_id, token) pair or None",))
+            v.check_id("fence thread_id", fence[0])
+            v.check_int("fence token", fence[1], low=1)
+            if fence[0] == thread_id:
+                raise ValidationError("fence", ("must name another thread than the one deleted",))
+        self._ensure_open("delete_thread")
+        self._delete_thread(thread_id, token, fence)
+
+    def effect(self, thread_id: str, key: str) -> EffectRecord | None:
+        """The thread's effect record under ``key``; None if it has none or the thread is unknown."""
+        v.check_id("thread_id", thread_id)
+        v.check_id("key", key)
+        self._ensure_open("effect")
+        return self._effect(thread_id, key)
+
+    def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
+        """The newest checkpoint (by place in the history) whose ``run_id`` is one of ``run_ids``, or None.
+
+        Source: seeds 000 "lookupRun"; DESIGN §4. An empty ``run_ids`` is None.
+        """
+        v.check_id("thread_id", thread_id)
+        ids = v.check_run_ids("run_ids", run_ids)
+        self._ensure_open("lookup_run")
+        if not ids:
+            return None
+        return self._lookup_run(thread_id, ids)
+
+    def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
+        """Removes the checkpoints and events ``policy`` does not keep, by the store's clock (seeds 000 "prune").
+
+        Age is judged against the store's commit times, never the producer's. The latest checkpoint and its
+        pending writes are always kept; pruning checkpoints also removes the events before the oldest kept;
+        removing events raises the replay floor. Needs no claim; an unknown thread is a no-op.
+        """
+        v.check_id("thread_id", thread_id)
+        _instance("policy", policy, RetentionPolicy)
+        self._ensure_open("prune")
+        self._prune(thread_id, policy)
+
+    def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
+        """One bounded page of the store-wide retention sweep (seeds 000 "sweep"; DESIGN §3 rule 6).
+
+        Visits at most ``policy.batch_size`` threads (tombstones included) after ``after`` in thread-id order,
+        asks ``guard`` which are protected, prunes each by ``policy.retention`` (keeping the newest checkpoint of
+        every protected run), and reclaims tombstones older than ``policy.tombstone_age`` that nothing was
+        stored under since, raising the store's reclamation mark.
+
+        Returns:
+            What the page visited, pruned and reclaimed, and ``next`` (the cursor to pass as ``after``) while
+            more threads follow, else None.
+
+        Raises:
+            Whatever ``guard`` raises, with nothing changed (a non-threadloom error becomes ``ProcessingError``).
+        """
+        _instance("policy", policy, SweepPolicy)
+        if guard is not None and not callable(getattr(guard, "protected", None)):
+            raise ValidationError("guard", ("must have a protected(thread_ids) method, or be None",))
+        v.check_optional_id("after", after)
+        self._ensure_open("sweep")
+        return self._sweep(policy, guard, after)
+
+    def threads(self, query: ThreadQuery) -> ThreadPage:
+        """A page of ``query.tenant_id``'s root threads, newest first by ``updated_at`` (ties: id descending).
+
+        Source: seeds 000 "threads". Listed are threads with a checkpoint whose latest checkpoint has the
+        query's tenant and no origin, filtered by ``query.matches``.
+        """
+        _instance("query", query, ThreadQuery)
+        self._ensure_open("threads")
+        return self._threads(query)
+
+    def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
+        """The tenant's ``IDLE`` root threads, oldest first by ``updated_at`` (ties: id ascending).
+
+        Source: seeds 000 "incomplete". At most ``limit`` (1..1000); a thread whose cascade delete began is
+        not listed.
+        """
+        v.check_optional_id("tenant_id", tenant_id)
+        v.check_int("limit", limit, low=1, high=ThreadQuery.MAX_LIMIT)
+        if after is not None:
+            _instance("after", after, ThreadCursor)
+        self._ensure_open("incomplete")
+        return self._incomplete(tenant_id, limit, after)
+
+    # -- what a store implements -----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim: ...
+
+    @abc.abstractmethod
+    def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim: ...
+
+    @abc.abstractmethod
+    def _release(self, thread_id: str, token: int) -> None: ...
+
+    @abc.abstractmethod
+    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    def _latest(self, thread_id: str) -> StoredCheckpoint | None: ...
+
+    @abc.abstractmethod
+    def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None: ...
+
+    @abc.abstractmethod
+    def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]: ...
+
+    @abc.abstractmethod
+    def _children(self, parent: str, limit: int, after: str | None) -> list[str]: ...
+
+    @abc.abstractmethod
+    def _events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    def _compact_events(self, thread_id: str, before_seq: int) -> None: ...
+
+    @abc.abstractmethod
+    def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None: ...
+
+    @abc.abstractmethod
+    def _effect(self, thread_id: str, key: str) -> EffectRecord | None: ...
+
+    @abc.abstractmethod
+    def _lookup_run(self, thread_id: str, run_ids: frozenset[str]) -> Checkpoint | None: ...
+
+    @abc.abstractmethod
+    def _prune(self, thread_id: str, policy: RetentionPolicy) -> None: ...
+
+    @abc.abstractmethod
+    def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage: ...
+
+    @abc.abstractmethod
+    def _threads(self, query: ThreadQuery) -> ThreadPage: ...
+
+    @abc.abstractmethod
+    def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage: ...
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...
+
+
+def ask_guard(guard: SweepGuard | None, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
+    """Asks a sweep guard which of ``thread_ids`` are protected, before anything changes (seeds 000 "sweep").
+
+    Returns:
+        Protected thread id → the run ids whose newest checkpoints must be kept.
+
+    Raises:
+        The guard's own ``ThreadloomError``; any other exception as ``ProcessingError("sweep", …)``.
+    """
+    if guard is None or not thread_ids:
+        return {}
+    from threadloom.domain.errors import ThreadloomError
+
+    try:
+        answer = guard.protected(thread_ids)
+        return {str(key): frozenset(value) for key, value in dict(answer).items()}
+    except ThreadloomError:
+        raise
+    except Exception as error:  # the guard is user code: anything it raises ends the sweep, nothing changed
+        raise ProcessingError("sweep", f"the sweep guard failed ({type(error).__name__}: {error}); nothing changed") from error

@@ -1,0 +1,504 @@
+"""``InMemoryCheckpointer``: the executable reference of the store contract (DESIGN §3 "Stores").
+
+Simplest possible: one lock around plain dictionaries. Every value is kept as JSON text (the codec) and
+decoded on read, so nothing returned aliases stored state. The durable stores are checked against it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+
+import attrs
+
+from threadloom.domain import rules
+from threadloom.domain.clock import Clock
+from threadloom.domain.errors import (
+    CancelledError,
+    CheckpointConflict,
+    CheckpointNotFound,
+    InvalidCommit,
+    StaleClaim,
+    ThreadBusy,
+    ValidationError,
+)
+from threadloom.domain.rules import CheckpointRow
+from threadloom.domain.values import (
+    Checkpoint,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventRecord,
+    RetentionPolicy,
+    RunClaim,
+    StoredCheckpoint,
+    SweepGuard,
+    SweepPage,
+    SweepPolicy,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+    ThreadSummary,
+)
+from threadloom.persistence import codec
+from threadloom.persistence.base import Checkpointer, ask_guard
+from threadloom.persistence.clock import SystemClock
+
+
+@attrs.define
+class _Claim:
+    holder: str
+    token: int
+    expires_at: datetime
+    tenant_id: str | None
+
+
+@attrs.define
+class _Stored:
+    text: str
+    row: CheckpointRow
+    checkpoint: Checkpoint  # the decoded value, only ever read to decide (never returned: text is decoded)
+
+
+@attrs.define
+class _Event:
+    seq: int
+    committed_at: datetime
+    text: str
+
+
+@attrs.define
+class _Thread:
+    first_seq: int
+    next_seq: int
+    floor: int
+    history: list[_Stored] = attrs.Factory(list)
+    pending: list[str] = attrs.Factory(list)
+    events: list[_Event] = attrs.Factory(list)
+    effects: dict[str, str] = attrs.Factory(dict)
+    metadata: dict[str, str] = attrs.Factory(dict)
+    updated_at: datetime | None = None
+    claim: _Claim | None = None
+    deleted_at: datetime | None = None
+
+    def holds_nothing(self) -> bool:
+        return not (self.history or self.pending or self.events or self.effects or self.metadata or self.claim)
+
+
+class InMemoryCheckpointer(Checkpointer):
+    """The store contract in one process's memory (DESIGN §3): the reference every other store matches.
+
+    Args:
+        clock: the store's clock; it decides claim expiry, ``updated_at``, tombstone and retention age.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        super().__init__()
+        self._clock = clock if clock is not None else SystemClock()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._rows: dict[str, _Thread] = {}
+        self._places: dict[str, dict[str, int]] = {}  # parent -> child -> place (order of first origin commit)
+        self._place_counter = 0
+        self._last_token = 0
+        self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
+
+    def __repr__(self) -> str:
+        return f"InMemoryCheckpointer(clock={self._clock!r})"
+
+    # -- helpers (lock held) ---------------------------------------------------------------------------------------
+
+    def _row(self, thread_id: str) -> _Thread:
+        row = self._rows.get(thread_id)
+        if row is None:
+            start = max(1, self._mark)
+            row = self._rows[thread_id] = _Thread(first_seq=start, next_seq=start, floor=start)
+        return row
+
+    def _forget_if_empty(self, thread_id: str) -> None:
+        row = self._rows.get(thread_id)
+        if (
+            row is not None
+            and row.holds_nothing()
+            and row.deleted_at is None
+            and row.next_seq == row.first_seq <= max(1, self._mark)
+            and not any(thread_id in children for children in self._places.values())
+        ):
+            del self._rows[thread_id]
+
+    def _token(self) -> int:
+        self._last_token += 1
+        return self._last_token
+
+    def _current(self, thread_id: str) -> int | None:
+        row = self._rows.get(thread_id)
+        return row.claim.token if row is not None and row.claim is not None else None
+
+    def _check_token(self, thread_id: str, token: int) -> _Thread:
+        row = self._rows.get(thread_id)
+        if row is None or row.claim is None or row.claim.token != token:
+            raise StaleClaim(thread_id, token, self._current(thread_id))
+        return row
+
+    def _check_fence(self, fence: tuple[str, int] | None) -> None:
+        if fence is not None:
+            self._check_token(*fence)
+
+    @staticmethod
+    def _latest_id(row: _Thread | None) -> str | None:
+        return row.history[-1].row.id if row is not None and row.history else None
+
+    # -- claims ----------------------------------------------------------------------------------------------------
+
+    def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
+        with self._lock:
+            now = self._clock.now()
+            existing = self._rows.get(thread_id)
+            old = existing.claim if existing is not None else None
+            if old is not None and rules.claim_is_live(old.expires_at, now):
+                raise ThreadBusy(
+                    thread_id, self._latest_id(existing), rules.busy_holder(old.holder, old.tenant_id, request.tenant_id)
+                )
+            row = self._row(thread_id)
+            claim = _Claim(request.holder, self._token(), now + request.ttl, request.tenant_id)
+            row.claim = claim
+            return RunClaim(
+                thread_id=thread_id,
+                holder=claim.holder,
+                token=claim.token,
+                expires_at=claim.expires_at,
+                tenant_id=claim.tenant_id,
+                taken_over_from=rules.taken_over_from(
+                    old.holder if old else None, old.tenant_id if old else None, request.tenant_id
+                ),
+            )
+
+    def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
+        with self._lock:
+            row = self._check_token(thread_id, token)
+            claim = row.claim
+            assert claim is not None
+            claim.expires_at = self._clock.now() + ttl
+            return RunClaim(
+                thread_id=thread_id,
+                holder=claim.holder,
+                token=claim.token,
+                expires_at=claim.expires_at,
+                tenant_id=claim.tenant_id,
+            )
+
+    def _release(self, thread_id: str, token: int) -> None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is not None and row.claim is not None and row.claim.token == token:
+                row.claim = None
+                self._forget_if_empty(thread_id)
+
+    # -- commits -----------------------------------------------------------------------------------------------------
+
+    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+        with self._lock:
+            row = self._check_token(thread_id, commit.token)
+            self._check_fence(commit.fence)
+            cp = commit.checkpoint
+            keep = len(row.history)
+            if commit.retract_turn and cp is not None:
+                keep = 0
+                for index in range(len(row.history) - 1, -1, -1):
+                    if row.history[index].checkpoint.status.settled:
+                        keep = index + 1
+                        break
+            base = row.history[keep - 1].row.id if keep else None
+            if cp is not None:
+                if cp.parent != base:
+                    raise CheckpointConflict(thread_id, cp.parent, base)
+                if any(stored.row.id == cp.id for stored in row.history):
+                    raise InvalidCommit(thread_id, f"checkpoint {cp.id!r} is already in the history")
+            resulting = cp.id if cp is not None else self._latest_id(row)
+            for pw in commit.pending_writes:
+                if pw.checkpoint_id != resulting:
+                    raise InvalidCommit(
+                        thread_id,
+                        f"pending write of task {pw.task_id!r} names checkpoint {pw.checkpoint_id!r}, "
+                        f"not the latest {resulting!r}",
+                    )
+            if commit.retract_turn and cp is None:
+                raise InvalidCommit(thread_id, "retract_turn needs a checkpoint to follow the settled one")
+            # Every check passed: apply.
+            now = self._clock.now()
+            if cp is not None:
+                del row.history[keep:]
+                stamped = attrs.evolve(cp, fencing_token=commit.token)
+                row.history.append(
+                    _Stored(
+                        codec.encode_checkpoint(stamped),
+                        CheckpointRow(cp.id, cp.run_id, now, row.next_seq),
+                        stamped,
+                    )
+                )
+                row.pending = [codec.encode_pending_write(pw) for pw in commit.pending_writes]
+                row.updated_at = now
+                if cp.origin is not None:
+                    places = self._places.setdefault(cp.origin.parent_thread, {})
+                    if thread_id not in places:
+                        self._place_counter += 1
+                        places[thread_id] = self._place_counter
+            else:
+                row.pending.extend(codec.encode_pending_write(pw) for pw in commit.pending_writes)
+            records = []
+            for draft in commit.events:
+                record = EventRecord.of(draft, thread_id=thread_id, seq=row.next_seq, token=commit.token)
+                row.next_seq += 1
+                text = codec.encode_event(record)
+                row.events.append(_Event(record.seq, now, text))
+                records.append(codec.decode_event(text, thread_id))
+            for effect in commit.effects:
+                row.effects.setdefault(effect.key, codec.encode_effect(effect))
+            if commit.metadata:
+                row.metadata.update(commit.metadata)
+                row.updated_at = now
+            if records:
+                self._changed.notify_all()
+            return records
+
+    # -- reads -------------------------------------------------------------------------------------------------------
+
+    def _latest(self, thread_id: str) -> StoredCheckpoint | None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is None or not row.history:
+                return None
+            return StoredCheckpoint(
+                checkpoint=codec.decode_checkpoint(row.history[-1].text, thread_id),
+                pending_writes=tuple(codec.decode_pending_write(text, thread_id) for text in row.pending),
+            )
+
+    def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            for stored in row.history if row is not None else ():
+                if stored.row.id == checkpoint_id:
+                    return codec.decode_checkpoint(stored.text, thread_id)
+            return None
+
+    def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            history = row.history if row is not None else []
+            end = len(history)
+            if before is not None:
+                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
+                if not positions:
+                    raise CheckpointNotFound(thread_id, before)
+                end = positions[0]
+            page = history[max(0, end - limit) : end]
+            return [codec.decode_checkpoint(stored.text, thread_id) for stored in reversed(page)]
+
+    def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
+        with self._lock:
+            places = self._places.get(parent, {})
+            start = 0
+            if after is not None:
+                if after not in places:
+                    raise ValidationError("after", (f"{after!r} is not known as a child of {parent!r}",))
+                start = places[after]
+            out = []
+            for child, place in sorted(places.items(), key=lambda item: item[1]):
+                if place <= start:
+                    continue
+                row = self._rows.get(child)
+                origin = row.history[-1].checkpoint.origin if row is not None and row.history else None
+                if origin is not None and origin.parent_thread == parent:
+                    out.append(child)
+                    if len(out) == limit:
+                        break
+            return out
+
+    def _read_events(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        row = self._rows.get(thread_id)
+        start = max(1, self._mark)
+        first, floor = (row.first_seq, row.floor) if row is not None else (start, start)
+        effective = rules.read_start(thread_id, after_seq, first_seq=first, floor=floor)
+        if row is None:
+            return []
+        out = []
+        for event in row.events:
+            if event.seq > effective:
+                out.append(codec.decode_event(event.text, thread_id))
+                if len(out) == limit:
+                    break
+        return out
+
+    def _events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        with self._lock:
+            return self._read_events(thread_id, after_seq, limit)
+
+    def _await_events_after(
+        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
+    ) -> list[EventRecord]:
+        deadline = time.monotonic() + timeout.total_seconds()
+        with self._changed:
+            while True:
+                self._ensure_open("await_events_after")
+                found = self._read_events(thread_id, after_seq, limit)
+                remaining = deadline - time.monotonic()
+                if found or remaining <= 0:
+                    return found
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError("await_events_after")
+                # Wake on every commit and delete; wake at least every 50 ms to notice ``cancel``.
+                self._changed.wait(min(remaining, 0.05) if cancel is not None else remaining)
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError("await_events_after")
+
+    def _compact_events(self, thread_id: str, before_seq: int) -> None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is None:
+                return
+            row.floor = rules.compacted_floor(floor=row.floor, next_seq=row.next_seq, before_seq=before_seq)
+            row.events = [event for event in row.events if event.seq >= row.floor]
+
+    def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None:
+        with self._lock:
+            row = self._check_token(thread_id, token)
+            self._check_fence(fence)
+            start = rules.tombstone_next_seq(first_seq=row.first_seq, next_seq=row.next_seq)
+            if start is not None:
+                row.first_seq = row.next_seq = row.floor = start
+            row.history, row.pending, row.events = [], [], []
+            row.effects, row.metadata = {}, {}
+            row.claim = None
+            row.updated_at = None
+            row.deleted_at = self._clock.now()
+            self._changed.notify_all()
+
+    def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            text = row.effects.get(key) if row is not None else None
+            return None if text is None else codec.decode_effect(text, thread_id)
+
+    def _lookup_run(self, thread_id: str, run_ids: frozenset[str]) -> Checkpoint | None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            for stored in reversed(row.history if row is not None else []):
+                if stored.row.run_id in run_ids:
+                    return codec.decode_checkpoint(stored.text, thread_id)
+            return None
+
+    # -- retention -------------------------------------------------------------------------------------------------
+
+    def _prune_row(self, row: _Thread, policy: RetentionPolicy, now: datetime, protected: frozenset[str]) -> bool:
+        """Prunes one thread (lock held); True when anything was removed."""
+        rows = [stored.row for stored in row.history]
+        removed = set(rules.checkpoints_to_prune(rows, policy, now, protected))
+        by_policy = rules.checkpoints_to_prune(rows, policy, now) if protected else removed
+        oldest_kept_mark = None
+        if by_policy:
+            oldest_kept_mark = next(r.seq_mark for r in rows if r.id not in set(by_policy))
+        newest_expired = None
+        if policy.max_age is not None:
+            expired = [event.seq for event in row.events if rules.expired(event.committed_at, policy.max_age, now)]
+            newest_expired = max(expired) if expired else None
+        floor = rules.pruned_floor(
+            floor=row.floor,
+            next_seq=row.next_seq,
+            policy=policy,
+            oldest_kept_mark=oldest_kept_mark,
+            newest_expired_seq=newest_expired,
+        )
+        events_before = len(row.events)
+        row.history = [stored for stored in row.history if stored.row.id not in removed]
+        row.floor = floor
+        row.events = [event for event in row.events if event.seq >= floor]
+        return bool(removed) or len(row.events) != events_before
+
+    def _prune(self, thread_id: str, policy: RetentionPolicy) -> None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is not None:
+                self._prune_row(row, policy, self._clock.now(), frozenset())
+
+    def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
+        with self._lock:
+            ids = sorted(thread_id for thread_id in self._rows if after is None or thread_id > after)
+        page = tuple(ids[: policy.batch_size])
+        protected = ask_guard(guard, page)  # outside the lock: the guard is user code
+        pruned, reclaimed = [], []
+        with self._lock:
+            now = self._clock.now()
+            for thread_id in page:
+                row = self._rows.get(thread_id)
+                if row is None:
+                    continue
+                if self._prune_row(row, policy.retention, now, protected.get(thread_id, frozenset())):
+                    pruned.append(thread_id)
+                if (
+                    policy.tombstone_age is not None
+                    and row.deleted_at is not None
+                    and now - row.deleted_at > policy.tombstone_age
+                    and row.holds_nothing()
+                    and row.next_seq == row.first_seq
+                    and thread_id not in protected
+                ):
+                    self._mark = max(self._mark, row.first_seq)
+                    del self._rows[thread_id]
+                    for places in self._places.values():
+                        places.pop(thread_id, None)
+                    reclaimed.append(thread_id)
+        more = len(ids) > policy.batch_size
+        return SweepPage(
+            visited=page, pruned=tuple(pruned), reclaimed=tuple(reclaimed), next=page[-1] if more and page else None
+        )
+
+    # -- registry --------------------------------------------------------------------------------------------------
+
+    def _summaries(self, tenant_id: str | None, now: datetime) -> list[ThreadSummary]:
+        out = []
+        for thread_id, row in self._rows.items():
+            if not row.history:
+                continue
+            cp = row.history[-1].checkpoint
+            if cp.origin is not None or cp.tenant_id != tenant_id or row.updated_at is None:
+                continue
+            live = row.claim is not None and rules.claim_is_live(row.claim.expires_at, now)
+            out.append(
+                ThreadSummary(
+                    thread_id=thread_id,
+                    tenant_id=cp.tenant_id,
+                    status=rules.thread_status(cp.status, live_claim=live, metadata=row.metadata),
+                    updated_at=row.updated_at,
+                    latest_checkpoint_id=cp.id,
+                    latest_run_id=cp.run_id,
+                    graph_id=cp.graph_id,
+                    metadata=dict(row.metadata),
+                )
+            )
+        return out
+
+    def _threads(self, query: ThreadQuery) -> ThreadPage:
+        with self._lock:
+            rows = self._summaries(query.tenant_id, self._clock.now())
+        rows.sort(key=lambda s: (s.updated_at, s.thread_id), reverse=True)
+        if query.after is not None:
+            cursor = (query.after.updated_at, query.after.thread_id)
+            rows = [s for s in rows if (s.updated_at, s.thread_id) < cursor]
+        rows = [s for s in rows if query.matches(s)]
+        return ThreadPage.of(rows[: query.limit + 1], query.limit)
+
+    def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
+        from threadloom.domain.values import ThreadStatus
+
+        with self._lock:
+            rows = self._summaries(tenant_id, self._clock.now())
+        rows = [s for s in rows if s.status is ThreadStatus.IDLE]
+        rows.sort(key=lambda s: (s.updated_at, s.thread_id))
+        if after is not None:
+            rows = [s for s in rows if (s.updated_at, s.thread_id) > (after.updated_at, after.thread_id)]
+        return ThreadPage.of(rows[: limit + 1], limit)
+
+    def _close(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
