@@ -5,25 +5,30 @@ Everything public is importable from here. Importing has no side effects (loggin
 
 from threadloom.domain import *  # noqa: F403
 from threadloom.domain import __all__ as _domain_all
+from threadloom.actors import *  # noqa: F403
+from threadloom.actors import __all__ as _actors_all
+from threadloom.persistence.queue import RunQueue
 from threadloom.persistence import Checkpointer, InMemoryCheckpointer, SystemClock, open_store
+from threadloom.persistence.meter import InMemoryMeter, Meter
+from threadloom.persistence.metered import MeteredCheckpointer
+from threadloom.persistence.sqlite import SqliteCheckpointer
 
-
-def __getattr__(name: str):  # stores with optional dependencies load on first use
-    if name == "SqliteCheckpointer":
-        from threadloom.persistence.sqlite import SqliteCheckpointer
-
-        return SqliteCheckpointer
-    if name in ("PostgresCheckpointer", "PostgresCheckpointerConfig"):
-        from threadloom.persistence import postgres
-
-        return getattr(postgres, name)
-    raise AttributeError(f"module 'threadloom' has no attribute {name!r}")
+# Imports without psycopg: the postgres extra is needed only to open one (which says so otherwise).
+from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
 
 
 __all__ = [
     *_domain_all,
+    *_actors_all,
+    "RunQueue",
     "Checkpointer",
     "InMemoryCheckpointer",
+    "InMemoryMeter",
+    "Meter",
+    "MeteredCheckpointer",
+    "PostgresCheckpointer",
+    "PostgresCheckpointerConfig",
+    "SqliteCheckpointer",
     "SystemClock",
     "open_store",
 ]

@@ -7,14 +7,19 @@ from threadloom.domain.errors import (
     CheckpointNotFound,
     InvalidCommit,
     OutcomeUnknown,
+    InvalidRunState,
     ProcessingError,
     ReplayUnavailable,
+    RunFailed,
     StaleClaim,
+    StaleLease,
+    TenantMismatch,
     ThreadBusy,
     ThreadDeleted,
     ThreadloomError,
     ValidationError,
 )
+from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.domain.values import (
     BusyHolder,
     Checkpoint,
@@ -46,4 +51,6 @@ __all__ = [
     "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",
     "ThreadBusy", "ThreadCursor", "ThreadDeleted", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
     "ThreadloomError", "ValidationError",
+    # run queue and runtime (DESIGN §4–5)
+    "EntryStatus", "InvalidRunState", "Lease", "QueueEntry", "RunFailed", "StaleLease", "TenantMismatch",
 ]

@@ -180,3 +180,89 @@ class CancelledError(ThreadloomError):
 
     def __str__(self) -> str:
         return f"{self.operation} was cancelled"
+
+
+@attrs.define(auto_exc=True, str=False)
+class TenantMismatch(ThreadloomError):
+    """The thread is not one of the caller's tenant (DESIGN §5: the runtime checks tenants).
+
+    Raised by the runtime, under the claim where it holds one, before anything of the thread is returned or
+    changed. The message never names the thread's own tenant or shows its data.
+
+    Attributes:
+        thread_id: the thread asked for.
+        tenant_id: the tenant the caller named (None for the tenant-less).
+    """
+
+    thread_id: str
+    tenant_id: str | None
+
+    def __str__(self) -> str:
+        return (
+            f"thread {self.thread_id!r} is not a thread of tenant {self.tenant_id!r}; nothing was read or changed "
+            "(call with the thread's own tenant)"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class InvalidRunState(ThreadloomError):
+    """The thread's latest checkpoint does not allow the run asked for (DESIGN §5: start, recover, resume).
+
+    Raised under the run's claim, which is released again; nothing was written.
+
+    Attributes:
+        thread_id: the thread asked for.
+        operation: ``"start"``, ``"recover"``, ``"resume"`` or ``"admit"``.
+        reason: what the thread holds and what to do instead, one sentence.
+    """
+
+    thread_id: str
+    operation: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"cannot {self.operation} a run on thread {self.thread_id!r}: {self.reason}"
+
+
+@attrs.define(auto_exc=True, str=False)
+class RunFailed(ThreadloomError):
+    """A node of the run raised (or returned something that is not a valid step); the run committed FAILED.
+
+    Attributes:
+        thread_id: the thread the run ran on.
+        run_id: the run.
+        node: the graph node that failed.
+        message: the node's error, ``"<type>: <text>"``.
+    """
+
+    thread_id: str
+    run_id: str
+    node: str
+    message: str
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run_id!r} of thread {self.thread_id!r} failed in node {self.node!r} ({self.message}); "
+            "its latest checkpoint is FAILED: start a new run to go on"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
+class StaleLease(ThreadloomError):
+    """An attempt that no longer holds its run-queue entry (DESIGN §4).
+
+    Attributes:
+        entry_id: the entry.
+        attempt: the attempt number presented (the lease's fencing number).
+        current: the entry's current attempt while it is open and leased, else None.
+    """
+
+    entry_id: int
+    attempt: int
+    current: int | None
+
+    def __str__(self) -> str:
+        return (
+            f"attempt {self.attempt} no longer holds run-queue entry {self.entry_id} (current: {self.current}); "
+            "this worker lost the entry and must not finish it"
+        )

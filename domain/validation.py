@@ -7,6 +7,7 @@ never touches storage: stores call these before they read or write anything.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,8 +21,11 @@ MAX_JSON_DEPTH = 256
 """Deepest nesting of a JSON value; deeper values are refused rather than overflowing the encoder."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _has_surrogate(text: str) -> bool:
-    return any("\ud800" <= ch <= "\udfff" for ch in text)
+    return not text.isascii() and _SURROGATE.search(text) is not None
 
 
 def check_id(field: str, value: Any) -> str:

@@ -108,6 +108,16 @@ def _optional(kind: type, field: str):
     return check
 
 
+def _check_bool(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValidationError(field, (f"must be a bool, got {type(value).__name__}",))
+
+
+def _check_instance(field: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
+
+
 def _opt_token(_inst: Any, _attr: Any, value: Any) -> None:
     if value is not None:
         v.check_int("fencing_token", value, low=1)
@@ -239,7 +249,9 @@ class Commit:
     )
     events: tuple[EventDraft, ...] = attrs.field(default=(), converter=_tuple_of(EventDraft, "commit.events"))
     effects: tuple[EffectRecord, ...] = attrs.field(default=(), converter=_tuple_of(EffectRecord, "commit.effects"))
-    retract_turn: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    retract_turn: bool = attrs.field(
+        default=False, validator=lambda _i, _a, value: _check_bool("commit.retract_turn", value)
+    )
     fence: tuple[str, int] | None = attrs.field(default=None, converter=_fence)
     metadata: dict[str, str] | None = attrs.field(default=None, converter=_opt_str_map)
 
@@ -352,7 +364,8 @@ class SweepPolicy:
     """One sweep's policy: retention for each thread, page size, and the age after which tombstones go."""
 
     retention: RetentionPolicy = attrs.field(
-        factory=RetentionPolicy, validator=attrs.validators.instance_of(RetentionPolicy)
+        factory=RetentionPolicy,
+        validator=lambda _i, _a, value: _check_instance("policy.retention", value, RetentionPolicy),
     )
     batch_size: int = attrs.field(
         default=100, validator=lambda _i, _a, value: v.check_int("policy.batch_size", value, low=1, high=10_000)

@@ -51,7 +51,7 @@ def open_store(url: str, **options: Any) -> Checkpointer:
         if not rest.startswith("//"):
             raise ValidationError("url", (f"{url!r} is not of the form sqlite:///path/to/file.db",))
         path = unquote(rest[2:])
-        if path.startswith("/") and not path.startswith("//"):
+        if path.startswith("/"):
             path = path[1:] or DEFAULT_SQLITE_PATH  # sqlite:///rel.db → rel.db; sqlite:////abs.db → /abs.db
         return SqliteCheckpointer.open(path or DEFAULT_SQLITE_PATH, **options)
     if scheme in ("postgresql", "postgres"):

@@ -222,19 +222,22 @@ class Checkpointer(abc.ABC):
         return self._history(thread_id, limit, before)
 
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
-        """Up to ``limit`` (1..1000) of ``parent``'s direct children, oldest first (seeds 000 "children").
+        """Up to ``limit`` (at most 1000) of ``parent``'s direct children, oldest first (seeds 000 "children").
 
         A child is a thread whose latest checkpoint's origin names ``parent``, ordered by when it first
         committed a checkpoint with that origin; deleted threads are not listed but keep their place while
-        their tombstone does.
+        their tombstone does. A ``limit`` below 1 reads none (seeds 000: "limit below 1 reads none").
 
         Raises:
-            ValidationError: ``after`` is not known as a child of ``parent``.
+            ValidationError: ``after`` is not known as a child of ``parent``; ``limit`` is not an int or above
+                1000.
         """
         v.check_id("parent", parent)
-        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        v.check_int("limit", limit, high=rules.MAX_PAGE)
         v.check_optional_id("after", after)
         self._ensure_open("children")
+        if limit < 1:
+            return []
         return self._children(parent, limit, after)
 
     def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:

@@ -44,6 +44,7 @@ from threadloom.domain.values import (
 from threadloom.persistence import codec
 from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.clock import SystemClock
+from threadloom.persistence.memory_queue import InMemoryRunQueue
 
 
 @attrs.define
@@ -103,6 +104,8 @@ class InMemoryCheckpointer(Checkpointer):
         self._place_counter = 0
         self._last_token = 0
         self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
+        self.queue = InMemoryRunQueue(self)
+        """The store's run queue (DESIGN §4): shares this lock; its open entries' runs survive retention."""
 
     def __repr__(self) -> str:
         return f"InMemoryCheckpointer(clock={self._clock!r})"
@@ -419,7 +422,7 @@ class InMemoryCheckpointer(Checkpointer):
         with self._lock:
             row = self._rows.get(thread_id)
             if row is not None:
-                self._prune_row(row, policy, self._clock.now(), frozenset())
+                self._prune_row(row, policy, self._clock.now(), self.queue.protected_runs(thread_id))
 
     def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
         with self._lock:
@@ -433,7 +436,8 @@ class InMemoryCheckpointer(Checkpointer):
                 row = self._rows.get(thread_id)
                 if row is None:
                     continue
-                if self._prune_row(row, policy.retention, now, protected.get(thread_id, frozenset())):
+                runs = protected.get(thread_id, frozenset()) | self.queue.protected_runs(thread_id)
+                if self._prune_row(row, policy.retention, now, runs):
                     pruned.append(thread_id)
                 if (
                     policy.tombstone_age is not None

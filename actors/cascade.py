@@ -1,0 +1,154 @@
+"""The cascade delete of ``GraphRuntime.delete_thread`` (DESIGN §5; seeds 000 "deleteThread", "The fence").
+
+The root is claimed (so a live run in any runtime refuses the delete, naming its holder to the same tenant),
+its tenant checked under the claim, and marked with a fenced metadata commit ``{"threadloom.deleting": "true"}``
+(the registry then reports it ``DELETED`` and ``incomplete`` leaves it out). Then every descendant is claimed and
+deleted, children before their parent, each delete fenced by the root's claim, so a run that took the root over
+meanwhile never finds a child gone. The root goes last. A cascade that stops half-way leaves the root marked and
+its claim released: any runtime finishes it by deleting the root again.
+"""
+
+from __future__ import annotations
+
+import attrs
+from threadloom.actors.logs import elapsed_ms
+from threadloom.actors.logs import log as _log
+from threadloom.actors.thread_actor import RunEnv
+from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
+from threadloom.domain.rules import DELETING_KEY
+from threadloom.domain.values import ClaimRequest, Commit
+
+
+@attrs.define(eq=False)
+class _Held:
+    thread_id: str
+    token: int
+    after: str | None = None  # the cursor past children this cascade must skip (an origin cycle)
+
+
+class CascadeDelete:
+    """One cascade delete, run on the caller's thread (plain methods; DESIGN §7).
+
+    Args:
+        env: the runtime's environment.
+        thread_id: the root to delete.
+        tenant_id: the caller's tenant; the root must be this tenant's.
+    """
+
+    def __init__(self, env: RunEnv, thread_id: str, tenant_id: str | None) -> None:
+        self.env = env
+        self.root = thread_id
+        self.tenant_id = tenant_id
+        self.run_id = env.ids.run_id(env.node_id)
+        self.deleted: list[str] = []
+        self._held: list[_Held] = []
+        self._renewed_at = env.clock.now()
+        self._log = _log.bind(
+            thread_id=thread_id, root=thread_id, run_id=self.run_id, tenant_id=tenant_id, node_id=env.node_id
+        )
+
+    def _claim(self, thread_id: str) -> _Held:
+        started = self.env.clock.now()
+        try:
+            claim = self.env.store.claim(
+                thread_id,
+                ClaimRequest(holder=self.run_id, ttl=self.env.claim_policy.ttl, tenant_id=self.tenant_id),
+            )
+        except ThreadBusy as error:
+            self._log.info("claim.busy", op="claim", thread_id=thread_id, holder=str(error.holder))
+            raise
+        event = "claim.taken_over" if claim.taken_over_from is not None else "claim.granted"
+        self._log.info(
+            event,
+            op="claim",
+            thread_id=thread_id,
+            token=claim.token,
+            taken_over_from=claim.taken_over_from,
+            duration_ms=elapsed_ms(self.env.clock, started),
+        )
+        held = _Held(thread_id, claim.token)
+        self._held.append(held)
+        return held
+
+    def _keep_alive(self) -> None:
+        """Renews every claim the cascade holds once ``renew_every`` passed since the last renewal."""
+        now = self.env.clock.now()
+        if now - self._renewed_at < self.env.claim_policy.renew_every:
+            return
+        for held in self._held:
+            self.env.store.renew(held.thread_id, held.token, self.env.claim_policy.ttl)
+        self._renewed_at = now
+
+    def _delete(self, held: _Held, fence: tuple[str, int] | None) -> None:
+        started = self.env.clock.now()
+        self.env.store.delete_thread(held.thread_id, held.token, fence=fence)
+        self._held.remove(held)
+        self.deleted.append(held.thread_id)
+        self._log.info(
+            "commit.applied",
+            op="delete_thread",
+            thread_id=held.thread_id,
+            token=held.token,
+            fence=list(fence) if fence else None,
+            duration_ms=elapsed_ms(self.env.clock, started),
+        )
+
+    def run(self) -> list[str]:
+        """Deletes the root and every descendant.
+
+        Returns:
+            The deleted thread ids, descendants first (children before their parents), the root last.
+
+        Raises:
+            ThreadBusy: the root or a descendant is held by a live claim (the holder named to the same tenant);
+                what was deleted stays deleted, the root stays marked.
+            TenantMismatch: the root is another tenant's; nothing changed.
+            StaleClaim: the root's claim was taken over during the cascade; the rest is left to its new holder.
+            ProcessingError: the store failed. Deleting again finishes the cascade.
+        """
+        store = self.env.store
+        root = self._claim(self.root)
+        try:
+            latest = store.latest(self.root)
+            if latest is not None and latest.checkpoint.tenant_id != self.tenant_id:
+                raise TenantMismatch(self.root, self.tenant_id)
+            store.commit(self.root, Commit(token=root.token, metadata={DELETING_KEY: "true"}))
+            self._log.info("commit.applied", op="commit", token=root.token, metadata=DELETING_KEY)
+            fence = (self.root, root.token)
+            stack: list[_Held] = [root]
+            while stack:
+                self._keep_alive()
+                top = stack[-1]
+                page = store.children(top.thread_id, limit=1, after=top.after)
+                child = page[0] if page else None
+                if child is not None and all(held.thread_id != child for held in stack):
+                    stack.append(self._claim(child))
+                    continue
+                if child is not None:  # an origin cycle: an ancestor, deleted when its own turn comes
+                    top.after = child
+                    continue
+                stack.pop()
+                if top is not root:
+                    self._delete(top, fence)
+            self._delete(root, None)
+        except ThreadloomError as error:
+            self._log.warning(
+                "delete.stopped",
+                op="delete_thread",
+                deleted=len(self.deleted),
+                error=f"{type(error).__name__}: {error}",
+            )
+            self._release_all()
+            raise
+        except BaseException:
+            self._release_all()
+            raise
+        return list(self.deleted)
+
+    def _release_all(self) -> None:
+        for held in reversed(self._held):
+            try:
+                self.env.store.release(held.thread_id, held.token)
+            except ThreadloomError:
+                pass
+        self._held.clear()

@@ -1,0 +1,108 @@
+"""The runtime's policies (DESIGN §5): claims, subscription watches, the queue worker and the sweep schedule.
+
+Frozen attrs values that validate on construction (``ValidationError`` naming the field). Durations are
+``timedelta``; every time they measure is read from the runtime's ``Clock`` (the store's clock decides expiry).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import attrs
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ValidationError
+from threadloom.domain.values import SweepPolicy
+
+
+def _positive(field: str):
+    return lambda _inst, _attr, value: v.check_positive_duration(field, value)
+
+
+@attrs.frozen(kw_only=True)
+class ClaimPolicy:
+    """How a run holds its thread (DESIGN §5): claimed for ``ttl``, renewed every ``renew_every``.
+
+    A run whose process dies stops renewing; its claim expires ``ttl`` after the last renewal, by the store's
+    clock, and another runtime may then recover the thread.
+
+    Attributes:
+        ttl: how long a claim lives without renewal (> 0; default 30 s).
+        renew_every: how often a live run renews it, by the runtime's clock (> 0 and < ``ttl``; default 10 s).
+
+    Raises:
+        ValidationError: a duration is not positive, or ``renew_every >= ttl``.
+    """
+
+    ttl: timedelta = attrs.field(default=timedelta(seconds=30), validator=_positive("claim_policy.ttl"))
+    renew_every: timedelta = attrs.field(default=timedelta(seconds=10), validator=_positive("claim_policy.renew_every"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.renew_every >= self.ttl:
+            raise ValidationError(
+                "claim_policy.renew_every",
+                (f"must be shorter than ttl ({self.ttl}), got {self.renew_every}",),
+            )
+
+
+@attrs.frozen(kw_only=True)
+class WatchPolicy:
+    """How a subscription watches for new events after its replay (DESIGN §5).
+
+    Attributes:
+        enabled: watch after the replay (default); False ends the subscription once the replay is delivered.
+        poll_interval: the ``timeout`` of each ``await_events_after`` call (> 0; default 250 ms): a store that
+            polls sees a commit at most this late; one that wakes on commits returns at once.
+    """
+
+    enabled: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    poll_interval: timedelta = attrs.field(
+        default=timedelta(milliseconds=250), validator=_positive("watch_policy.poll_interval")
+    )
+
+
+def _opt_attempts(_inst: Any, _attr: Any, value: Any) -> None:
+    if value is not None:
+        v.check_int("serve_policy.max_attempts", value, low=1)
+
+
+@attrs.frozen(kw_only=True)
+class ServePolicy:
+    """How ``GraphRuntime.serve`` works the run queue (DESIGN §4).
+
+    Attributes:
+        lease_ttl: how long a lease lives without renewal (> 0; default 30 s), by the store's clock.
+        renew_every: how often a worker renews its lease while the run goes on (< ``lease_ttl``; default 10 s).
+        poll_interval: how long a worker waits before asking again when nothing is leasable (default 250 ms).
+        busy_delay: how long an entry whose thread another run holds waits before it is leased again
+            (default 1 s).
+        max_attempts: an entry leased more often than this is finished ``FAILED`` (default 10; None: never).
+    """
+
+    lease_ttl: timedelta = attrs.field(default=timedelta(seconds=30), validator=_positive("serve_policy.lease_ttl"))
+    renew_every: timedelta = attrs.field(default=timedelta(seconds=10), validator=_positive("serve_policy.renew_every"))
+    poll_interval: timedelta = attrs.field(
+        default=timedelta(milliseconds=250), validator=_positive("serve_policy.poll_interval")
+    )
+    busy_delay: timedelta = attrs.field(default=timedelta(seconds=1), validator=_positive("serve_policy.busy_delay"))
+    max_attempts: int | None = attrs.field(default=10, validator=_opt_attempts)
+
+    def __attrs_post_init__(self) -> None:
+        if self.renew_every >= self.lease_ttl:
+            raise ValidationError(
+                "serve_policy.renew_every",
+                (f"must be shorter than lease_ttl ({self.lease_ttl}), got {self.renew_every}",),
+            )
+
+
+@attrs.frozen(kw_only=True)
+class SweepSchedule:
+    """The supervisor's periodic retention sweep (DESIGN §5): a full pass with ``policy`` every ``every``.
+
+    Attributes:
+        policy: the sweep policy (retention, page size, tombstone age).
+        every: the time from the end of one pass to the start of the next, by the runtime's clock (> 0).
+    """
+
+    policy: SweepPolicy = attrs.field(validator=attrs.validators.instance_of(SweepPolicy))
+    every: timedelta = attrs.field(default=timedelta(minutes=5), validator=_positive("sweep.every"))

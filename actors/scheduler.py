@@ -1,0 +1,236 @@
+"""Time, ids and the runtime's own threads, behind small interfaces a simulation can replace (DESIGN §5, §7).
+
+The actors never read the wall clock, sleep, start threads or make random ids themselves: a
+:class:`Scheduler` runs their timers, background tasks (node executions, subscription watches, queue workers)
+and waits, by the runtime's ``Clock``; an :class:`IdFactory` makes their RunIds and checkpoint ids. The defaults,
+:class:`ThreadScheduler` and :class:`RandomIds`, use real threads and random ids; a deterministic simulation gives
+a virtual-clock scheduler and :class:`SequentialIds`.
+"""
+
+from __future__ import annotations
+
+import abc
+import heapq
+import itertools
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from threadloom.actors.logs import log as _log
+from threadloom.domain.clock import Clock
+from threadloom.persistence.clock import SystemClock
+
+THREAD_PREFIX = "threadloom-"
+"""Every thread a :class:`ThreadScheduler` starts is named with this prefix."""
+
+
+class Cancellable(Protocol):
+    """A scheduled timer: ``cancel()`` keeps it from firing (it may already have fired)."""
+
+    def cancel(self) -> None: ...
+
+
+class Task(Protocol):
+    """A background task: ``join(timeout_s)`` waits for it, ``alive`` says whether it still runs."""
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+
+class Scheduler(abc.ABC):
+    """Runs the runtime's timers and background tasks, and its waits, by one ``Clock``.
+
+    Timers must be quick (they only ``tell`` an actor); tasks may block (a node, a store wait).
+    """
+
+    clock: Clock
+
+    @abc.abstractmethod
+    def call_at(self, when: datetime, fn: Callable[[], None]) -> Cancellable:
+        """Calls ``fn`` once the clock reads ``when`` or later, on the scheduler's timer thread."""
+
+    @abc.abstractmethod
+    def spawn(self, name: str, fn: Callable[[], None]) -> Task:
+        """Runs ``fn`` in the background (a thread of its own by default); ``name`` says what it is."""
+
+    @abc.abstractmethod
+    def wait(self, event: threading.Event, until: datetime) -> bool:
+        """Waits until ``event`` is set (True) or the clock reads ``until`` (False, unless set by then)."""
+
+    @abc.abstractmethod
+    def close(self, timeout: timedelta) -> list[str]:
+        """Cancels every timer, stops the timer thread and joins every task, each within ``timeout``.
+
+        Returns:
+            The names of tasks still running after ``timeout`` (empty after a clean shutdown).
+        """
+
+
+class _Timer:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _ThreadTask:
+    def __init__(self, thread: threading.Thread) -> None:
+        self.thread = thread
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+class ThreadScheduler(Scheduler):
+    """The default scheduler: one timer thread (started on first use) and one thread per task.
+
+    With a :class:`SystemClock` the timer thread sleeps until the next timer is due; with any other clock (a
+    ``ManualClock`` in tests) it re-reads the clock every ``tick``, so moving the clock fires what became due.
+
+    Args:
+        clock: the runtime's clock.
+        tick: how often a non-system clock is re-read (default 20 ms).
+    """
+
+    def __init__(self, clock: Clock | None = None, *, tick: timedelta = timedelta(milliseconds=20)) -> None:
+        self.clock = clock if clock is not None else SystemClock()
+        self._tick = tick.total_seconds()
+        self._exact = isinstance(self.clock, SystemClock)
+        self._cond = threading.Condition()
+        self._heap: list[tuple[datetime, int, _Timer, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._timer_thread: threading.Thread | None = None
+        self._tasks: list[threading.Thread] = []
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"ThreadScheduler(clock={self.clock!r})"
+
+    def _interval(self, remaining: float) -> float:
+        return remaining if self._exact else min(remaining, self._tick)
+
+    def call_at(self, when: datetime, fn: Callable[[], None]) -> Cancellable:
+        """Schedules ``fn`` on the timer thread once ``clock.now() >= when``. Runs on the caller's thread."""
+        timer = _Timer()
+        with self._cond:
+            if self._closed:
+                timer.cancel()
+                return timer
+            heapq.heappush(self._heap, (when, next(self._order), timer, fn))
+            if self._timer_thread is None:
+                self._timer_thread = threading.Thread(
+                    target=self._run_timers, name=f"{THREAD_PREFIX}timer", daemon=True
+                )
+                self._timer_thread.start()
+            self._cond.notify_all()
+        return timer
+
+    def _run_timers(self) -> None:
+        """The timer thread's loop: fires due timers in time order until :meth:`close`."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    if self._heap:
+                        remaining = (self._heap[0][0] - self.clock.now()).total_seconds()
+                        if remaining <= 0:
+                            _when, _n, timer, fn = heapq.heappop(self._heap)
+                            break
+                        self._cond.wait(self._interval(remaining))
+                    else:
+                        self._cond.wait()
+            if not timer.cancelled:
+                try:
+                    fn()
+                except Exception as error:  # a timer only tells an actor; a failure must not stop the others
+                    _log.error("scheduler.timer_failed", error=f"{type(error).__name__}: {error}")
+
+    def spawn(self, name: str, fn: Callable[[], None]) -> Task:
+        """Starts ``fn`` on a new daemon thread named ``threadloom-<name>``. Runs on the caller's thread."""
+        thread = threading.Thread(target=fn, name=f"{THREAD_PREFIX}{name}", daemon=True)
+        with self._cond:
+            self._tasks = [task for task in self._tasks if task.is_alive()]
+            self._tasks.append(thread)
+        thread.start()
+        return _ThreadTask(thread)
+
+    def wait(self, event: threading.Event, until: datetime) -> bool:
+        """Waits on the caller's thread until ``event`` is set or the clock reads ``until``."""
+        while True:
+            remaining = (until - self.clock.now()).total_seconds()
+            if remaining <= 0:
+                return event.is_set()
+            if event.wait(self._interval(remaining)):
+                return True
+
+    def close(self, timeout: timedelta) -> list[str]:
+        """Stops the timer thread and joins every task (each within ``timeout``). Runs on the caller's thread."""
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            self._cond.notify_all()
+            timer_thread, tasks = self._timer_thread, list(self._tasks)
+        seconds = timeout.total_seconds()
+        if timer_thread is not None and timer_thread is not threading.current_thread():
+            timer_thread.join(seconds)
+        left = []
+        for thread in tasks:
+            if thread is not threading.current_thread():
+                thread.join(seconds)
+                if thread.is_alive():
+                    left.append(thread.name)
+        return left
+
+
+class IdFactory(Protocol):
+    """Makes the runtime's ids (DESIGN §5, §7): injectable so a simulation's ids are deterministic."""
+
+    def run_id(self, node_id: str) -> str:
+        """A new RunId for a run (or a delete) started by runtime ``node_id``; never repeated."""
+        ...
+
+    def checkpoint_id(self, run_id: str, step: int) -> str:
+        """The id of the checkpoint run ``run_id`` commits at ``step`` (0 for the admission)."""
+        ...
+
+
+class RandomIds:
+    """The default ids: ``<node_id>:run-<16 hex digits>`` and ``<run_id>:<step>``."""
+
+    def run_id(self, node_id: str) -> str:
+        """A random RunId naming the runtime that made it."""
+        return f"{node_id}:run-{uuid.uuid4().hex[:16]}"
+
+    def checkpoint_id(self, run_id: str, step: int) -> str:
+        """``<run_id>:<step>``: unique because every run (every recovery included) has its own RunId."""
+        return f"{run_id}:{step}"
+
+
+class SequentialIds(RandomIds):
+    """Deterministic ids ``<node_id>:run-<n>`` from a counter, for simulations and tests.
+
+    RunIds must never repeat over a storage: give each runtime over it its own ``node_id`` (and a restarted
+    runtime a fresh one, or a ``start`` past the numbers it used).
+    """
+
+    def __init__(self, start: int = 1) -> None:
+        self._counter = itertools.count(start)
+        self._lock = threading.Lock()
+
+    def run_id(self, node_id: str) -> str:
+        """The next RunId of the counter."""
+        with self._lock:
+            return f"{node_id}:run-{next(self._counter)}"

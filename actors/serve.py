@@ -1,0 +1,262 @@
+"""The run-queue worker of ``GraphRuntime.serve`` (DESIGN §4; seeds 000 "lookupRun", Stage 5 rule 4).
+
+Each worker loops: lease the oldest leasable entry of the graphs it serves, record the attempt's RunId on the
+entry, ask ``lookup_run`` whether an earlier attempt's input was admitted (then recover the thread, or finish the
+entry if the thread already went past it), otherwise admit the input (a start, or a resume of a suspended
+thread); renew the lease while the run goes on; finish the entry with the run's outcome. The admission checks,
+under the thread's claim, that the attempt still holds its lease, so two attempts never both admit the input.
+
+A worker that stops (``close``) cancels its run at the next step and hands the entry back at once; a worker
+whose process dies leaves a lease and a claim that expire, and the next attempt recovers the run without
+re-running its completed nodes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from threadloom.actors.graph import ERROR_KEY, Graph
+from threadloom.actors.logs import describe as _describe
+from threadloom.actors.logs import log as _log
+from threadloom.actors.policies import ServePolicy
+from threadloom.actors.scheduler import Task
+from threadloom.actors.thread_actor import RunHandle, RunKind
+from threadloom.domain.errors import (
+    CancelledError,
+    InvalidRunState,
+    RunFailed,
+    StaleClaim,
+    StaleLease,
+    TenantMismatch,
+    ThreadBusy,
+    ThreadloomError,
+    ValidationError,
+)
+from threadloom.domain.queue import EntryStatus, Lease
+from threadloom.domain.values import CheckpointStatus
+from threadloom.persistence.queue import RunQueue
+
+if TYPE_CHECKING:
+    from threadloom.actors.runtime import GraphRuntime
+
+
+class Server:
+    """The workers of one ``GraphRuntime.serve`` call: stop them, wait for them, read what they did.
+
+    Attributes:
+        completed, failed, handed_back: entries this server's workers finished COMPLETED, FAILED, or gave back.
+    """
+
+    def __init__(self) -> None:
+        self.stop_event = threading.Event()
+        self._tasks: list[Task] = []
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.failed = 0
+        self.handed_back = 0
+
+    def __repr__(self) -> str:
+        return f"Server(completed={self.completed}, failed={self.failed}, stopped={self.stopped})"
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called (or the runtime closed)."""
+        return self.stop_event.is_set()
+
+    def stop(self) -> None:
+        """Asks every worker to stop after its current entry (safe from a signal handler: only sets a flag)."""
+        self.stop_event.set()
+
+    def join(self, timeout: timedelta | None = None) -> None:
+        """Waits for the background workers to end (not a worker running on the calling thread)."""
+        for task in list(self._tasks):
+            task.join(None if timeout is None else timeout.total_seconds())
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+
+class QueueWorker:
+    """One worker loop over the run queue (plain methods; DESIGN §7).
+
+    Args:
+        runtime: the runtime that runs the entries.
+        queue: the store's run queue.
+        graphs: graph id → graph; only entries of these kinds are leased.
+        policy: lease ttl, renewal, polling, busy delay and attempt limit.
+        server: the server the worker belongs to (its stop flag and counters).
+        holder: the name the worker leases under.
+    """
+
+    def __init__(
+        self,
+        runtime: GraphRuntime,
+        queue: RunQueue,
+        graphs: Mapping[str, Graph],
+        policy: ServePolicy,
+        server: Server,
+        holder: str,
+    ) -> None:
+        self.runtime = runtime
+        self.queue = queue
+        self.graphs = dict(graphs)
+        self.policy = policy
+        self.server = server
+        self.holder = holder
+        self._env = runtime._env
+        self._log = _log.bind(node_id=self._env.node_id, worker=holder)
+
+    def run(self) -> None:
+        """The loop: runs on the worker's own thread (or the caller's, for a blocking ``serve``) until stopped."""
+        stop = self.server.stop_event
+        while not stop.is_set():
+            try:
+                worked = self.poll_once()
+            except ThreadloomError as error:  # the store failed: wait and ask again
+                self._log.warning("queue.lease_failed", op="lease", error=_describe(error))
+                worked = False
+            if not worked:
+                self._env.scheduler.wait(stop, self._env.clock.now() + self.policy.poll_interval)
+
+    def poll_once(self) -> bool:
+        """Leases one entry and works it to its end; False when nothing was leasable."""
+        lease = self.queue.lease(self.holder, self.policy.lease_ttl, graph_ids=self.graphs.keys())
+        if lease is None:
+            return False
+        self.work(lease)
+        return True
+
+    # -- one attempt ------------------------------------------------------------------------------------------
+
+    def work(self, lease: Lease) -> None:
+        """Works one leased entry: record, look up, admit or recover, wait (renewing the lease), finish."""
+        entry = lease.entry
+        log = self._log.bind(
+            thread_id=entry.thread_id, tenant_id=entry.tenant_id, entry_id=entry.entry_id, attempt=lease.attempt
+        )
+        log.info("queue.leased", op="lease", taken_over_from=lease.taken_over_from, graph_id=entry.graph_id)
+        if self.policy.max_attempts is not None and lease.attempt > self.policy.max_attempts:
+            self._finish(lease, EntryStatus.FAILED, f"gave up after {self.policy.max_attempts} attempts", log)
+            return
+        graph = self.graphs[entry.graph_id]
+        store = self._env.store
+        run_id = self._env.ids.run_id(self._env.node_id)
+        try:
+            recorded = self.queue.record_run(entry.entry_id, lease.attempt, run_id)
+            earlier = [run for run in recorded.run_ids if run != run_id]
+            admitted = store.lookup_run(entry.thread_id, earlier) if earlier else None
+            if admitted is not None:
+                latest = store.latest(entry.thread_id)
+                status = latest.checkpoint.status if latest is not None else None
+                if status is not CheckpointStatus.RUNNING:
+                    # The input was admitted and the thread went past it: the entry's work is done.
+                    assert latest is not None
+                    if status is CheckpointStatus.FAILED:
+                        error = latest.checkpoint.metadata.get(ERROR_KEY, "the run failed")
+                        self._finish(lease, EntryStatus.FAILED, error, log)
+                    else:
+                        self._finish(lease, EntryStatus.COMPLETED, None, log)
+                    return
+                log.info("queue.recovering", run_id=run_id, admitted_by=admitted.run_id)
+                handle = self._run(RunKind.RECOVER, lease, graph, run_id)
+            else:
+                handle = self._admit(lease, graph, run_id, log)
+                if handle is None:
+                    return
+            self._await(handle, lease, log)
+            handle.wait()
+        except RunFailed as error:
+            self._finish(lease, EntryStatus.FAILED, str(error), log)
+            return
+        except (TenantMismatch, ValidationError) as error:
+            self._finish(lease, EntryStatus.FAILED, str(error), log)
+            return
+        except StaleLease as error:
+            log.info("queue.lease_lost", op="record_run", error=str(error))
+            return
+        except ThreadBusy as error:
+            self._hand_back(lease, self.policy.busy_delay, log, error)
+            return
+        except (CancelledError, StaleClaim, InvalidRunState) as error:
+            self._hand_back(lease, timedelta(0), log, error)
+            return
+        except Exception as error:  # the store failed, or a bug: hand the entry back for a later attempt
+            self._hand_back(lease, self.policy.busy_delay, log, error)
+            return
+        self._finish(lease, EntryStatus.COMPLETED, None, log)
+
+    def _check_lease(self, lease: Lease) -> None:
+        self.queue.renew_lease(lease.entry_id, lease.attempt, self.policy.lease_ttl)
+
+    def _run(self, kind: RunKind, lease: Lease, graph: Graph, run_id: str | None) -> RunHandle:
+        entry = lease.entry
+        return self.runtime._run(
+            kind,
+            entry.thread_id,
+            graph,
+            entry.input if kind is not RunKind.RECOVER else None,
+            entry.tenant_id,
+            run_id=run_id,
+            before_admit=lambda: self._check_lease(lease),
+        )
+
+    def _admit(self, lease: Lease, graph: Graph, run_id: str, log: Any) -> RunHandle | None:
+        """Admits the entry's input; first recovers an incomplete run another caller left on the thread."""
+        try:
+            return self._run(RunKind.ADMIT, lease, graph, run_id)
+        except InvalidRunState as error:
+            latest = self._env.store.latest(lease.entry.thread_id)
+            if latest is None or latest.checkpoint.status is not CheckpointStatus.RUNNING:
+                self._finish(lease, EntryStatus.FAILED, str(error), log)
+                return None
+            if latest.checkpoint.graph_id != graph.graph_id:
+                self._finish(lease, EntryStatus.FAILED, str(error), log)
+                return None
+        log.info("queue.recovering_first", from_run=latest.checkpoint.run_id)
+        first = self._run(RunKind.RECOVER, lease, graph, None)  # its RunId is not the entry's: not recorded
+        self._await(first, lease, log)
+        try:
+            first.wait()
+        except RunFailed:
+            pass  # the earlier run failed: the thread is settled and takes the entry's input as a new turn
+        return self._run(RunKind.ADMIT, lease, graph, run_id)
+
+    def _await(self, handle: RunHandle, lease: Lease, log: Any) -> None:
+        """Waits for the run to end, renewing the lease every ``renew_every`` (by the runtime's clock)."""
+        done = threading.Event()
+        handle._done.add_done_callback(lambda _future: done.set())
+        renewing = True
+        while not done.is_set():
+            if self._env.scheduler.wait(done, self._env.clock.now() + self.policy.renew_every):
+                break
+            if not renewing:
+                continue
+            try:
+                self.queue.renew_lease(lease.entry_id, lease.attempt, self.policy.lease_ttl)
+            except StaleLease as error:
+                renewing = False  # the run goes on under its claim; another attempt will find it admitted
+                log.warning("queue.lease_lost", op="renew_lease", error=str(error))
+            except ThreadloomError as error:
+                log.warning("queue.renew_failed", op="renew_lease", error=_describe(error))
+
+    def _finish(self, lease: Lease, status: EntryStatus, error: str | None, log: Any) -> None:
+        try:
+            self.queue.finish(lease.entry_id, lease.attempt, status=status, error=error)
+        except ThreadloomError as failure:
+            log.warning("queue.finish_failed", op="finish", error=_describe(failure))
+            return
+        self.server._count("completed" if status is EntryStatus.COMPLETED else "failed")
+        log.info("queue.finished", op="finish", status=status.value, error=error)
+
+    def _hand_back(self, lease: Lease, delay: timedelta, log: Any, error: BaseException) -> None:
+        try:
+            self.queue.release_lease(lease.entry_id, lease.attempt, delay=delay)
+        except ThreadloomError as failure:
+            log.warning("queue.release_failed", op="release_lease", error=_describe(failure))
+            return
+        self.server._count("handed_back")
+        log.info("queue.handed_back", op="release_lease", delay_ms=delay.total_seconds() * 1000, error=_describe(error))

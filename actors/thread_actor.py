@@ -1,0 +1,816 @@
+"""``ThreadActor``: one per thread with a live run in this runtime (DESIGN §5).
+
+It claims the thread, commits each superstep (checkpoint + events + effect records) fenced by the claim's token,
+renews the claim every ``renew_every`` on a timer outside the actor that ``tell``s it, stops the run at its next
+step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. Its mailbox serializes the
+thread's claims and commits inside the process; the token serializes them across processes.
+
+The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly
+(DESIGN §7); :class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
+(as tasks of the runtime's :class:`~threadloom.actors.scheduler.Scheduler`) and come back as ``_NodeDone``
+messages, so renewals are never stuck behind a long node. The actor never asks itself or waits on a future of
+its own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import enum
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import attrs
+import pykka
+from threadloom.actors import graph as g
+from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step
+from threadloom.actors.logs import describe as _describe
+from threadloom.actors.logs import elapsed_ms
+from threadloom.actors.logs import log as _log
+from threadloom.actors.policies import ClaimPolicy
+from threadloom.actors.scheduler import Cancellable, IdFactory, Scheduler
+from threadloom.domain.clock import Clock
+from threadloom.domain.errors import (
+    CancelledError,
+    InvalidRunState,
+    OutcomeUnknown,
+    RunFailed,
+    StaleClaim,
+    TenantMismatch,
+    ThreadBusy,
+    ThreadloomError,
+    ValidationError,
+)
+from threadloom.domain.values import (
+    Checkpoint,
+    CheckpointOrigin,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EventDraft,
+    RunClaim,
+    StoredCheckpoint,
+)
+from threadloom.persistence.base import Checkpointer
+
+
+class RunKind(enum.Enum):
+    """What a run does with the thread's latest checkpoint (DESIGN §5)."""
+
+    START = "start"
+    """Admit the input on a new thread, or as a new turn of a settled one."""
+    RESUME = "resume"
+    """Admit the input into a SUSPENDED thread and continue at its next node."""
+    RECOVER = "recover"
+    """Continue an incomplete (RUNNING) thread at its next node, without new input."""
+    ADMIT = "admit"
+    """START or RESUME, whichever the latest checkpoint allows (what a run-queue attempt does)."""
+
+
+@attrs.frozen(kw_only=True)
+class RunSpec:
+    """What a run is asked to do.
+
+    Attributes:
+        kind: start, resume, recover or admit.
+        thread_id, tenant_id: the thread and the tenant the run is for.
+        graph: the graph to run.
+        input: the input a start or resume admits (JSON).
+        run_id: the run's RunId (the claim's holder, every checkpoint's ``run_id``).
+        origin: where a child thread was spawned (every checkpoint of the run carries it).
+        before_admit: called on the actor's thread under the claim, after the thread was checked and before
+            anything is committed; raising refuses the run (the claim is released). A run-queue attempt uses it
+            to check that it still holds its lease.
+    """
+
+    kind: RunKind
+    thread_id: str
+    graph: Graph
+    input: Any = None
+    tenant_id: str | None = None
+    run_id: str
+    origin: CheckpointOrigin | None = None
+    before_admit: Callable[[], None] | None = None
+
+
+@attrs.define
+class RunEnv:
+    """What a run needs of its runtime: the store, time, ids, policy and how to start a child run."""
+
+    store: Checkpointer
+    clock: Clock
+    scheduler: Scheduler
+    ids: IdFactory
+    claim_policy: ClaimPolicy
+    node_id: str
+    start_child: Callable[[str, Graph, Any, NodeContext], RunHandle]
+    track_thread: Callable[[threading.Thread], None] = lambda _thread: None
+
+
+class RunHandle:
+    """A run started by a :class:`~threadloom.actors.runtime.GraphRuntime`: wait for its outcome, or cancel it.
+
+    Attributes:
+        thread_id, run_id, tenant_id, graph_id: the run's.
+    """
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.thread_id = spec.thread_id
+        self.run_id = spec.run_id
+        self.tenant_id = spec.tenant_id
+        self.graph_id = spec.graph.graph_id
+        self.kind = spec.kind
+        self._claimed: concurrent.futures.Future[RunClaim] = concurrent.futures.Future()
+        self._done: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
+        self._cancel: Callable[[], None] = lambda: None
+
+    @classmethod
+    def ended(cls, spec: RunSpec, outcome: RunOutcome) -> RunHandle:
+        """The handle of a run that had already ended well: ``wait`` returns ``outcome`` at once.
+
+        Used by ``ctx.spawn`` for a child its step had already run to completion. The handle holds no claim
+        (``token`` is None) and cancelling it does nothing.
+        """
+        handle = cls(spec)
+        _set(handle._done, outcome)
+        return handle
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.done() else "running"
+        return f"RunHandle(thread_id={self.thread_id!r}, run_id={self.run_id!r}, {state})"
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the run's claim once granted, else None."""
+        if self._claimed.done() and self._claimed.exception() is None:
+            return self._claimed.result().token
+        return None
+
+    def done(self) -> bool:
+        """True once the run ended (completed, suspended, failed, lost its claim or was cancelled)."""
+        return self._done.done()
+
+    def wait(self, timeout: timedelta | None = None) -> RunOutcome:
+        """Waits for the run to end and returns how it ended well.
+
+        Args:
+            timeout: how long to wait (None: until it ends).
+
+        Returns:
+            The outcome: ``COMPLETED`` or ``SUSPENDED``, with the last checkpoint's state.
+
+        Raises:
+            RunFailed: a node raised; the run committed a FAILED checkpoint.
+            StaleClaim: the run lost its claim (another run took the thread over); it wrote nothing after.
+            CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
+                for any runtime to recover.
+            ProcessingError: the store failed (the thread stays as its last commit left it).
+            TimeoutError: ``timeout`` passed first; the run goes on.
+        """
+        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
+        try:
+            return self._done.result(seconds)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running") from None
+
+    def exception(self, timeout: timedelta | None = None) -> BaseException | None:
+        """The error the run ended with, None if it ended well; waits like :meth:`wait`."""
+        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
+        try:
+            return self._done.exception(seconds)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running") from None
+
+    def cancel(self) -> None:
+        """Asks the run to stop at its next step boundary (the node in flight finishes and is committed).
+
+        The claim is released and the thread stays incomplete, so any runtime can recover it. Returns at once;
+        :meth:`wait` then raises ``CancelledError``. Cancelling an ended run does nothing.
+        """
+        if not self._done.done():
+            self._cancel()
+
+
+# -- messages ---------------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class _Begin:
+    """Claim the thread and start the run."""
+
+
+@attrs.frozen(eq=False)
+class _RenewDue:
+    """The renewal timer fired (``generation`` tells a stale timer from the current one)."""
+
+    generation: int
+
+
+@attrs.frozen(eq=False)
+class _NodeDone:
+    """A node execution ended: its step, or the error it raised."""
+
+    step: int
+    node: str
+    ctx: NodeContext
+    result: Step | None
+    error: BaseException | None
+
+
+@attrs.frozen(eq=False)
+class _Cancel:
+    """Stop the run at its next step boundary."""
+
+
+def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+@attrs.define
+class _Plan:
+    mode: str  # "start", "resume" or "recover"
+    state: Any
+    next_node: str
+    base: Checkpoint | None
+    origin: CheckpointOrigin | None
+
+
+class ThreadRun:
+    """The logic of one run on one thread: plain methods, each called on the actor's thread (DESIGN §5, §7).
+
+    Args:
+        spec: what the run is asked to do.
+        env: the runtime's store, clock, scheduler, ids and policy.
+        handle: the handle whose futures the run resolves.
+        send: delivers a message to this run's actor (called from timers and node tasks).
+        ended: told once when the run ended, whatever the way (the supervisor's registry forgets it).
+    """
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        env: RunEnv,
+        handle: RunHandle,
+        send: Callable[[object], None],
+        ended: Callable[[ThreadRun], None],
+    ) -> None:
+        self.spec = spec
+        self.env = env
+        self.handle = handle
+        self._send = send
+        self._ended = ended
+        self.token: int | None = None
+        self.base: Checkpoint | None = None  # the run's latest checkpoint: the parent of its next one
+        self.state: Any = None
+        self.next_node: str | None = None
+        self.origin: CheckpointOrigin | None = spec.origin
+        self.step = 0
+        self.steps_run = 0
+        self.in_flight = False
+        self.lost: StaleClaim | None = None
+        self.cancelled = False
+        self.finished = False
+        self._timer: Cancellable | None = None
+        self._generation = 0
+        self._started_at: datetime | None = None
+        self._log = _log.bind(
+            thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _ms(self, since: datetime) -> float:
+        return elapsed_ms(self.env.clock, since)
+
+    def _schedule_renewal(self) -> None:
+        self._generation += 1
+        generation = self._generation
+        when = self.env.clock.now() + self.env.claim_policy.renew_every
+        self._timer = self.env.scheduler.call_at(when, lambda: self._send(_RenewDue(generation)))
+
+    def _stop_timer(self) -> None:
+        self._generation += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _release(self) -> None:
+        if self.token is None:
+            return
+        started = self.env.clock.now()
+        try:
+            self.env.store.release(self.spec.thread_id, self.token)
+        except ThreadloomError as error:
+            self._log.warning(
+                "claim.release_failed",
+                op="release",
+                token=self.token,
+                error=_describe(error),
+                duration_ms=self._ms(started),
+            )
+            return
+        self._log.info("claim.released", op="release", token=self.token, duration_ms=self._ms(started))
+
+    def _commit(self, commit: Commit, graph_node: str | None) -> None:
+        """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it."""
+        started = self.env.clock.now()
+        try:
+            self.env.store.commit(self.spec.thread_id, commit)
+        except OutcomeUnknown as error:
+            cp = commit.checkpoint
+            latest = self._latest_quietly()
+            if cp is None or latest is None or latest.checkpoint.id != cp.id:
+                self._log.warning(
+                    "commit.refused",
+                    op="commit",
+                    token=commit.token,
+                    graph_node=graph_node,
+                    error=_describe(error),
+                    duration_ms=self._ms(started),
+                )
+                raise
+        except ThreadloomError as error:
+            self._log.warning(
+                "commit.refused",
+                op="commit",
+                token=commit.token,
+                graph_node=graph_node,
+                error=_describe(error),
+                duration_ms=self._ms(started),
+            )
+            if isinstance(error, StaleClaim):
+                self._note_lost(error, "commit")
+            raise
+        self._log.info(
+            "commit.applied",
+            op="commit",
+            token=commit.token,
+            graph_node=graph_node,
+            checkpoint_id=commit.checkpoint.id if commit.checkpoint is not None else None,
+            status=commit.checkpoint.status.value if commit.checkpoint is not None else None,
+            events=len(commit.events),
+            effects=len(commit.effects),
+            duration_ms=self._ms(started),
+        )
+
+    def _latest_quietly(self) -> StoredCheckpoint | None:
+        try:
+            return self.env.store.latest(self.spec.thread_id)
+        except ThreadloomError:
+            return None
+
+    def _note_lost(self, error: StaleClaim, op: str) -> None:
+        if self.lost is None:
+            self.lost = error
+            self._log.warning("claim.lost", op=op, token=self.token, current=error.current, error=str(error))
+
+    def _event(self, type_: str, payload: Any, checkpoint_id: str | None, node: str | None = None) -> EventDraft:
+        return EventDraft(
+            run_id=self.spec.run_id,
+            type=type_,
+            timestamp=self.env.clock.now(),
+            payload=payload,
+            checkpoint_id=checkpoint_id,
+            node_id=node,
+        )
+
+    def _checkpoint(
+        self,
+        *,
+        step: int,
+        status: CheckpointStatus,
+        state: Any,
+        next_node: str | None,
+        node: str,
+        extra: dict[str, str] | None = None,
+    ) -> Checkpoint:
+        metadata = {g.NEXT_KEY: next_node or "", g.STEP_KEY: str(step), g.NODE_KEY: node}
+        metadata.update(extra or {})
+        return Checkpoint(
+            id=self.env.ids.checkpoint_id(self.spec.run_id, step),
+            parent=self.base.id if self.base is not None else None,
+            thread_id=self.spec.thread_id,
+            run_id=self.spec.run_id,
+            status=status,
+            created_at=self.env.clock.now(),
+            state=state,
+            graph_id=self.spec.graph.graph_id,
+            tenant_id=self.spec.tenant_id,
+            origin=self.origin,
+            metadata=metadata,
+        )
+
+    # -- the run ------------------------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Claims the thread, checks it under the claim, admits the input (or notes the recovery), and starts
+        the first node. A refusal resolves the handle with the error and ends the run."""
+        spec, store = self.spec, self.env.store
+        self._started_at = started = self.env.clock.now()
+        try:
+            claim = store.claim(
+                spec.thread_id,
+                ClaimRequest(holder=spec.run_id, ttl=self.env.claim_policy.ttl, tenant_id=spec.tenant_id),
+            )
+        except ThreadBusy as error:
+            self._log.info("claim.busy", op="claim", holder=str(error.holder), duration_ms=self._ms(started))
+            self._refuse(error)
+            return
+        except Exception as error:
+            self._log.warning("claim.failed", op="claim", error=_describe(error), duration_ms=self._ms(started))
+            self._refuse(error)
+            return
+        self.token = claim.token
+        if claim.taken_over_from is not None:
+            self._log.info(
+                "claim.taken_over",
+                op="claim",
+                token=claim.token,
+                taken_over_from=claim.taken_over_from,
+                duration_ms=self._ms(started),
+            )
+        else:
+            self._log.info("claim.granted", op="claim", token=claim.token, duration_ms=self._ms(started))
+        self._schedule_renewal()
+        try:
+            plan = self._plan(store.latest(spec.thread_id))
+            if spec.before_admit is not None:
+                spec.before_admit()
+            self._admit(plan)
+        except Exception as error:
+            if not isinstance(error, StaleClaim):
+                self._release()
+            self._refuse(error)
+            return
+        _set(self.handle._claimed, claim)
+        self._log.info(
+            "run.recovered" if plan.mode == "recover" else "run.started",
+            op=plan.mode,
+            token=self.token,
+            graph_id=spec.graph.graph_id,
+            graph_node=self.next_node,
+            from_run=plan.base.run_id if plan.mode == "recover" and plan.base is not None else None,
+        )
+        self._dispatch()
+
+    def _plan(self, stored: StoredCheckpoint | None) -> _Plan:
+        spec, graph = self.spec, self.spec.graph
+        op = spec.kind.value
+        cp = stored.checkpoint if stored is not None else None
+        if cp is not None and cp.tenant_id != spec.tenant_id:
+            raise TenantMismatch(spec.thread_id, spec.tenant_id)
+        if cp is not None and cp.graph_id != graph.graph_id:
+            raise InvalidRunState(spec.thread_id, op, f"the thread runs graph {cp.graph_id!r}, not {graph.graph_id!r}")
+        status = cp.status if cp is not None else None
+        origin = spec.origin if spec.origin is not None else (cp.origin if cp is not None else None)
+        kind = spec.kind
+        if kind is RunKind.ADMIT:
+            if status is CheckpointStatus.RUNNING:
+                raise InvalidRunState(
+                    spec.thread_id, op, "it has an incomplete run (latest checkpoint RUNNING); recover it first"
+                )
+            kind = RunKind.RESUME if status is CheckpointStatus.SUSPENDED else RunKind.START
+        if kind is RunKind.START:
+            if status is CheckpointStatus.RUNNING:
+                raise InvalidRunState(
+                    spec.thread_id, op, "it has an incomplete run (latest checkpoint RUNNING); recover it instead"
+                )
+            if status is CheckpointStatus.SUSPENDED:
+                raise InvalidRunState(spec.thread_id, op, "its run is suspended; resume it instead")
+            state = graph.merge(copy.deepcopy(cp.state) if cp is not None else None, copy.deepcopy(spec.input))
+            return _Plan("start", state, graph.entry, cp, origin)
+        assert cp is not None or status is None
+        if kind is RunKind.RESUME and status is not CheckpointStatus.SUSPENDED:
+            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {status.value}"
+            raise InvalidRunState(spec.thread_id, op, f"{what}, not a suspended run; start or recover instead")
+        if kind is RunKind.RECOVER and status is not CheckpointStatus.RUNNING:
+            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {status.value}"
+            raise InvalidRunState(spec.thread_id, op, f"{what}, not an incomplete run: nothing to recover")
+        assert cp is not None
+        next_node = cp.metadata.get(g.NEXT_KEY, "")
+        if next_node not in graph.nodes:
+            raise InvalidRunState(
+                spec.thread_id, op, f"its latest checkpoint names no node of graph {graph.graph_id!r} to go on at"
+            )
+        if kind is RunKind.RESUME:
+            return _Plan(
+                "resume", graph.merge(copy.deepcopy(cp.state), copy.deepcopy(spec.input)), next_node, cp, origin
+            )
+        return _Plan("recover", cp.state, next_node, cp, origin)
+
+    def _admit(self, plan: _Plan) -> None:
+        self.base, self.origin = plan.base, plan.origin
+        self.state, self.next_node = plan.state, plan.next_node
+        assert self.token is not None
+        if plan.mode == "recover":
+            assert plan.base is not None
+            payload = {"from_run": plan.base.run_id, "checkpoint_id": plan.base.id, "node": plan.next_node}
+            event = self._event(g.EVENT_RUN_RECOVERED, payload, plan.base.id)
+            self._commit(Commit(token=self.token, events=(event,)), None)
+            return
+        cp = self._checkpoint(
+            step=0, status=CheckpointStatus.RUNNING, state=plan.state, next_node=plan.next_node, node=""
+        )
+        kind = g.EVENT_RUN_STARTED if plan.mode == "start" else g.EVENT_RUN_RESUMED
+        event = self._event(kind, {"graph_id": self.spec.graph.graph_id, "node": plan.next_node}, cp.id)
+        self._commit(Commit(token=self.token, checkpoint=cp, events=(event,)), None)
+        self.base = cp
+
+    def _dispatch(self) -> None:
+        """Starts the next node as a task off the actor's thread; its end comes back as ``_NodeDone``."""
+        spec, graph = self.spec, self.spec.graph
+        node = self.next_node
+        assert node is not None and self.base is not None
+        if graph.max_steps is not None and self.steps_run >= graph.max_steps:
+            self.step += 1  # the FAILED checkpoint takes the next step's id
+            self._fail_node(node, f"the run reached max_steps ({graph.max_steps}) of graph {graph.graph_id!r}", [], [])
+            return
+        self.step += 1
+        step = self.step
+        ctx = NodeContext(
+            thread_id=spec.thread_id,
+            run_id=spec.run_id,
+            tenant_id=spec.tenant_id,
+            node=node,
+            step=step,
+            checkpoint_id=self.env.ids.checkpoint_id(spec.run_id, step),
+            parent_checkpoint_id=self.base.id,
+            now=self.env.clock.now,
+            read_effect=lambda key: self.env.store.effect(spec.thread_id, key),
+            start_child=lambda thread_id, child_graph, child_input, context: self.env.start_child(
+                thread_id, child_graph, child_input, context
+            ),
+        )
+        fn = graph.nodes[node]
+        state = copy.deepcopy(self.state)
+        send = self._send
+
+        def execute() -> None:
+            """Runs the node on a task thread and tells the actor how it ended."""
+            result: Step | None = None
+            error: BaseException | None = None
+            try:
+                result = fn(state, ctx)
+                if not isinstance(result, Step):
+                    raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
+                if result.next is not None and result.next not in graph.nodes:
+                    raise ValidationError("step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",))
+            except Exception as caught:
+                result, error = None, caught
+            send(_NodeDone(step, node, ctx, result, error))
+
+        self.in_flight = True
+        self.env.scheduler.spawn(f"node-{spec.thread_id}", execute)
+
+    def node_done(self, message: _NodeDone) -> None:
+        """Commits the node's step (or its failure) and goes on, ends, or stops as the run now must."""
+        if self.finished or message.step != self.step:
+            return
+        self.in_flight = False
+        if self.lost is not None:
+            self._finish_error(self.lost, release=False)
+            return
+        events, effects = message.ctx._drain()
+        if message.error is not None and self.cancelled:
+            # Stopping (cancel or close) can make a node fail (a child run it waits for was cancelled too):
+            # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
+            self._finish_error(CancelledError("run"), release=True)
+            return
+        if message.error is not None:
+            self._fail_node(message.node, _describe(message.error), events, effects, cause=message.error)
+            return
+        step = message.result
+        assert step is not None
+        status = step.status
+        try:
+            cp = self._checkpoint(
+                step=self.step, status=status, state=step.state, next_node=step.next, node=message.node
+            )
+            drafts = list(events)
+            drafts += [
+                EventDraft(
+                    run_id=self.spec.run_id,
+                    type=kind,
+                    timestamp=self.env.clock.now(),
+                    payload=payload,
+                    checkpoint_id=cp.id,
+                    task_id=message.ctx.task_id,
+                    node_id=message.node,
+                )
+                for kind, payload in step.events
+            ]
+            if status is CheckpointStatus.COMPLETED:
+                drafts.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, message.node))
+            elif status is CheckpointStatus.SUSPENDED:
+                drafts.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, message.node))
+            assert self.token is not None
+            self._commit(Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects), message.node)
+        except StaleClaim as error:
+            self._finish_error(error, release=False)
+            return
+        except Exception as error:
+            self._finish_error(error, release=True)
+            return
+        self.base, self.state, self.next_node = cp, step.state, step.next
+        self.steps_run += 1
+        if status is not CheckpointStatus.RUNNING:
+            self._finish_ok(status)
+        elif self.cancelled:
+            self._finish_error(CancelledError("run"), release=True)
+        else:
+            self._dispatch()
+
+    def _fail_node(
+        self, node: str, message: str, events: list, effects: list, cause: BaseException | None = None
+    ) -> None:
+        """Commits a FAILED checkpoint (state unchanged, the node's events and effects kept) and ends the run."""
+        error = RunFailed(self.spec.thread_id, self.spec.run_id, node, message)
+        if cause is not None:
+            error.__cause__ = cause
+        try:
+            cp = self._checkpoint(
+                step=self.step,
+                status=CheckpointStatus.FAILED,
+                state=self.state,
+                next_node=node,
+                node=node,
+                extra={g.ERROR_KEY: message[:4000]},
+            )
+            drafts = list(events) + [
+                self._event(g.EVENT_RUN_FAILED, {"node": node, "error": message[:4000]}, cp.id, node)
+            ]
+            assert self.token is not None
+            self._commit(Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects), node)
+        except StaleClaim as lost:
+            self._finish_error(lost, release=False)
+            return
+        except Exception as failure:
+            self._finish_error(failure, release=True)
+            return
+        self.base = cp
+        self._finish_error(error, release=True)
+
+    def renew_due(self, generation: int) -> None:
+        """Renews the claim (the renewal timer fired); a ``StaleClaim`` marks the run lost."""
+        if self.finished or generation != self._generation or self.token is None:
+            return
+        started = self.env.clock.now()
+        try:
+            self.env.store.renew(self.spec.thread_id, self.token, self.env.claim_policy.ttl)
+        except StaleClaim as error:
+            self._note_lost(error, "renew")
+            if not self.in_flight:
+                self._finish_error(error, release=False)
+            return
+        except ThreadloomError as error:
+            self._log.warning("claim.renew_failed", op="renew", token=self.token, error=_describe(error))
+            self._schedule_renewal()
+            return
+        self._log.debug("claim.renewed", op="renew", token=self.token, duration_ms=self._ms(started))
+        self._schedule_renewal()
+
+    def cancel(self) -> None:
+        """Stops the run at its next step boundary (at once when no node is in flight)."""
+        if self.finished:
+            return
+        self.cancelled = True
+        if not self.in_flight:
+            self._finish_error(CancelledError("run"), release=True)
+
+    def crash(self, error: BaseException) -> None:
+        """Ends the run after an unexpected error in the actor's own code (a bug): releases, fails the handle."""
+        self._log.error("run.crashed", error=_describe(error))
+        if not self.finished:
+            self._finish_error(error, release=self.lost is None)
+
+    def shutdown(self) -> None:
+        """Ends a run still going when its actor stops: releases the claim; the handle says ``CancelledError``."""
+        if self.finished:
+            return
+        self._finish_error(CancelledError("run"), release=self.lost is None)
+
+    # -- endings ------------------------------------------------------------------------------------------------
+
+    def _refuse(self, error: BaseException) -> None:
+        self.finished = True
+        self._log.info("run.refused", op=self.spec.kind.value, error=_describe(error), error_type=type(error).__name__)
+        self._stop_timer()
+        _set(self.handle._claimed, error=error)
+        _set(self.handle._done, error=error)
+        self._ended(self)
+
+    def _finish_ok(self, status: CheckpointStatus) -> None:
+        self.finished = True
+        self._stop_timer()
+        self._release()
+        assert self.base is not None
+        outcome = RunOutcome(
+            thread_id=self.spec.thread_id,
+            run_id=self.spec.run_id,
+            status=status,
+            state=copy.deepcopy(self.state),
+            checkpoint_id=self.base.id,
+            steps=self.steps_run,
+            next=self.next_node if status is CheckpointStatus.SUSPENDED else None,
+        )
+        self._log.info(
+            "run.completed" if status is CheckpointStatus.COMPLETED else "run.suspended",
+            op="run",
+            token=self.token,
+            status=status.value,
+            steps=self.steps_run,
+            checkpoint_id=self.base.id,
+            duration_ms=self._ms(self._started_at) if self._started_at else None,
+        )
+        _set(self.handle._done, outcome)
+        self._ended(self)
+
+    def _finish_error(self, error: BaseException, *, release: bool) -> None:
+        self.finished = True
+        self._stop_timer()
+        if release:
+            self._release()
+        self._log.warning(
+            "run.failed",
+            op="run",
+            token=self.token,
+            error=_describe(error),
+            error_type=type(error).__name__,
+            steps=self.steps_run,
+            duration_ms=self._ms(self._started_at) if self._started_at else None,
+        )
+        _set(self.handle._claimed, error=error)
+        _set(self.handle._done, error=error)
+        self._ended(self)
+
+
+class ThreadActor(pykka.ThreadingActor):
+    """The pykka actor of one run: feeds :class:`ThreadRun` its messages, one at a time, on its own thread.
+
+    Started by the :class:`~threadloom.actors.supervisor.Supervisor`, which keeps its reference; it stops itself
+    once its run ended and tells the supervisor through ``on_ended``.
+    """
+
+    use_daemon_thread = True  # a host that never calls close() still exits; its claims then expire
+
+    def __init__(self, spec: RunSpec, env: RunEnv, handle: RunHandle, on_ended: Callable[[str], None]) -> None:
+        super().__init__()
+        ref = self.actor_ref
+        self._env = env
+        self._stopping = False
+
+        def send(message: object) -> None:
+            try:
+                ref.tell(message)
+            except pykka.ActorDeadError:
+                pass  # the run ended already: a late timer or node result has nothing to do
+
+        self.run = ThreadRun(spec, env, handle, send, lambda run: on_ended(run.spec.run_id))
+        handle._cancel = lambda: send(_Cancel())
+
+    def on_start(self) -> None:
+        """Runs on the actor's own thread before its first message: makes the thread known for shutdown.
+
+        The run itself begins with the ``_Begin`` message, so a refused claim is handled like any message.
+        """
+        self._env.track_thread(threading.current_thread())
+
+    def on_receive(self, message: Any) -> Any:
+        """Runs on the actor's own thread, one message at a time: hands the message to the run."""
+        try:
+            if isinstance(message, _Begin):
+                self.run.begin()
+            elif isinstance(message, _RenewDue):
+                self.run.renew_due(message.generation)
+            elif isinstance(message, _NodeDone):
+                self.run.node_done(message)
+            elif isinstance(message, _Cancel):
+                self.run.cancel()
+        except Exception as error:  # a bug in the run's own code must still end the run cleanly
+            self.run.crash(error)
+        if self.run.finished and not self._stopping:
+            self._stopping = True
+            self.stop()
+        return None
+
+    def on_stop(self) -> None:
+        """Runs on the actor's own thread just before it exits: ends a run still going (releasing its claim)."""
+        self.run.shutdown()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        """Runs on the actor's own thread after an unhandled error, just before it exits: as :meth:`on_stop`."""
+        self.run.shutdown()
+
+
+BEGIN = _Begin()
+"""The message that starts a :class:`ThreadActor`'s run (sent by the supervisor)."""

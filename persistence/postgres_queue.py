@@ -1,0 +1,258 @@
+"""``PostgresRunQueue``: the durable run queue (DESIGN §4) in a :class:`PostgresCheckpointer`'s schema.
+
+It is the store's ``queue`` attribute and works through the store itself: every call is one of the store's
+bounded calls (``PostgresCheckpointer._call``: one pooled connection, one transaction, one round trip, the call
+timeout set on the server and enforced on the client), and every driver error goes through the store's one
+mapping function (:func:`~threadloom.persistence.postgres.map_error`). The database decides time: enqueue,
+lease, expiry, renewal, release and finish times are the server's ``clock_timestamp()``.
+
+Each write is one PL/pgSQL function of migration 2 (:data:`~threadloom.persistence.postgres_sql.QUEUE_MIGRATION`)
+called in one statement:
+
+* ``tl_q_lease`` selects the oldest leasable head ``FOR UPDATE SKIP LOCKED LIMIT 1`` through the partial index
+  ``run_queue_leasable`` and numbers the next attempt on it, so concurrent leases - from threads, stores or
+  processes - never grant one entry twice and never wait for each other.
+* ``tl_q_renew``, ``tl_q_record``, ``tl_q_finish`` and ``tl_q_release`` lock the entry's row and compare the
+  attempt (the lease's fencing number) first: a stale one is ``StaleLease`` (a release changes nothing).
+* ``tl_q_enqueue`` and ``tl_q_finish`` take a transaction-level advisory lock on the entry's thread, so a thread
+  has exactly one head (its oldest open entry) whatever runs at the same time.
+
+``prune`` and ``sweep`` keep the newest checkpoint of every run an open entry recorded, read inside their own
+write transaction after they locked the thread's row (``tl_prune_row``, replaced by migration 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
+from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.persistence import codec
+from threadloom.persistence import postgres_sql as q
+from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
+
+if TYPE_CHECKING:  # pragma: no cover
+    from threadloom.persistence.postgres import PostgresCheckpointer
+
+MAX_BIGINT = 2**63 - 1
+"""The largest entry id or attempt the schema can hold; larger numbers name nothing the store holds."""
+
+_HORIZON = timedelta(days=1)
+"""Margin kept below the largest time a returned datetime can hold (the server's clock may run ahead)."""
+
+
+def _bigint(value: int) -> int:
+    """``value`` capped at :data:`MAX_BIGINT`: an id or attempt no row can have (the caller keeps the original)."""
+    return min(value, MAX_BIGINT)
+
+
+def _micros(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _span(field: str, span: timedelta) -> int:
+    """``span`` in microseconds, refused when now plus ``span`` is past the largest time a store can return."""
+    try:
+        datetime.now(UTC) + span + _HORIZON
+    except OverflowError:
+        raise ValidationError(field, (f"{span} from now is past the largest time a store can record",)) from None
+    return _micros(span)
+
+
+def _utc(when: datetime | None) -> datetime | None:
+    return None if when is None else when.astimezone(UTC)
+
+
+def entry_value(row: tuple[Any, ...]) -> QueueEntry:
+    """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
+    (
+        entry_id,
+        thread_id,
+        graph_id,
+        input_text,
+        tenant_id,
+        status,
+        attempts,
+        leased_by,
+        lease_expires_at,
+        available_at,
+        enqueued_at,
+        finished_at,
+        error,
+        run_ids,
+    ) = row
+    with codec._decoding("run-queue entry", thread_id):
+        return QueueEntry(
+            entry_id=entry_id,
+            thread_id=thread_id,
+            graph_id=graph_id,
+            input=codec.loads(input_text),
+            tenant_id=tenant_id,
+            status=EntryStatus(status),
+            attempts=attempts,
+            run_ids=tuple(run_ids or ()),
+            enqueued_at=_utc(enqueued_at),
+            available_at=_utc(available_at),
+            leased_by=leased_by,
+            lease_expires_at=_utc(lease_expires_at),
+            finished_at=_utc(finished_at),
+            error=error,
+        )
+
+
+class PostgresRunQueue(RunQueue):
+    """The run queue of one :class:`PostgresCheckpointer` (``store.queue``); built by the store itself.
+
+    Safe to call from any number of threads, and from any number of stores and processes over the same schema:
+    they all see one queue. It shares the store's pool, call bounds, closed state and error mapping.
+
+    Every call raises what :class:`~threadloom.persistence.queue.RunQueue` documents and, like the store's own
+    calls, ``ProcessingError`` when the database fails or does not answer within the call timeout; a write whose
+    connection was lost after it was sent is ``OutcomeUnknown`` (a lease may then have been granted: it expires
+    unused; ``record_run``, ``renew_lease``, ``finish`` and ``release_lease`` are safe to retry).
+
+    Args:
+        store: the store whose schema and connections the queue uses.
+    """
+
+    def __init__(self, store: PostgresCheckpointer) -> None:
+        self._store = store
+        render = store._render
+        self._sql = {
+            name: render(getattr(q, name))
+            for name in (
+                "Q_ENQUEUE",
+                "Q_LEASE",
+                "Q_RENEW",
+                "Q_RECORD",
+                "Q_FINISH",
+                "Q_RELEASE",
+                "Q_ENTRY",
+                "Q_ENTRIES",
+                "Q_ENTRIES_OF",
+                "Q_OPEN_RUNS",
+            )
+        }
+
+    def __repr__(self) -> str:
+        return f"PostgresRunQueue({self._store!r})"
+
+    @property
+    def closed(self) -> bool:
+        """True once the store is closed."""
+        return self._store.closed
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _write(self, operation: str, thread_id: str | None, name: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
+        rows = self._store._call(operation, thread_id, self._sql[name], params, write=True)
+        if len(rows) != 1:
+            raise ProcessingError(operation, f"the queue function answered {len(rows)} rows, not one")
+        return rows[0]
+
+    @staticmethod
+    def _entry_of(operation: str, row: tuple[Any, ...]) -> QueueEntry:
+        if row[3] is None:
+            raise ProcessingError(operation, "the run-queue entry vanished while the call ran; was it deleted?")
+        return entry_value(row[3:])
+
+    @staticmethod
+    def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:
+        assert entry.leased_by is not None and entry.lease_expires_at is not None
+        return Lease(
+            entry=entry,
+            attempt=entry.attempts,
+            holder=entry.leased_by,
+            expires_at=entry.lease_expires_at,
+            taken_over_from=taken_over_from,
+        )
+
+    # -- writes -----------------------------------------------------------------------------------------------
+
+    def _enqueue(
+        self,
+        thread_id: str,
+        graph_id: str,
+        input: Any,  # noqa: A002
+        tenant_id: str | None,
+        delay: timedelta,
+    ) -> QueueEntry:
+        text = codec.dumps(input)
+        delay_us = _span("delay", delay)
+        row = self._write("enqueue", thread_id, "Q_ENQUEUE", (thread_id, graph_id, text, tenant_id, delay_us))
+        return self._entry_of("enqueue", row)
+
+    def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
+        ttl_us = _span("ttl", ttl)
+        kinds = None if graph_ids is None else sorted(graph_ids)
+        row = self._write("lease", None, "Q_LEASE", (holder, ttl_us, kinds))
+        if row[0] == 1:
+            return None
+        return self._lease_value(self._entry_of("lease", row), row[2])
+
+    def _stale(self, entry_id: int, attempt: int, row: tuple[Any, ...]) -> StaleLease:
+        return StaleLease(entry_id, attempt, row[1])
+
+    def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
+        ttl_us = _span("ttl", ttl)
+        row = self._write("renew_lease", None, "Q_RENEW", (_bigint(entry_id), _bigint(attempt), ttl_us))
+        if row[0] == 1:
+            raise self._stale(entry_id, attempt, row)
+        return self._lease_value(self._entry_of("renew_lease", row))
+
+    def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
+        row = self._write(
+            "record_run", None, "Q_RECORD", (_bigint(entry_id), _bigint(attempt), run_id, MAX_RUNS_PER_ENTRY)
+        )
+        if row[0] == 1:
+            raise self._stale(entry_id, attempt, row)
+        if row[0] == 2:
+            raise ValidationError(
+                "run_id", (f"entry {entry_id} already recorded {MAX_RUNS_PER_ENTRY} runs; finish it",)
+            )
+        return self._entry_of("record_run", row)
+
+    def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry:
+        row = self._write(
+            "finish", None, "Q_FINISH", (_bigint(entry_id), _bigint(attempt), status.value, error)
+        )
+        if row[0] == 1:
+            raise self._stale(entry_id, attempt, row)
+        return self._entry_of("finish", row)
+
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
+        delay_us = _span("delay", delay)
+        self._store._call(
+            "release_lease", None, self._sql["Q_RELEASE"], (_bigint(entry_id), _bigint(attempt), delay_us), write=True
+        )
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    def _entry(self, entry_id: int) -> QueueEntry | None:
+        if entry_id > MAX_BIGINT:
+            return None
+        rows = self._store._call("entry", None, self._sql["Q_ENTRY"], (entry_id,), write=False)
+        return entry_value(rows[0]) if rows else None
+
+    def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
+        if after >= MAX_BIGINT:
+            return []
+        if status is None:
+            rows = self._store._call("entries", None, self._sql["Q_ENTRIES"], (after, limit), write=False)
+        else:
+            rows = self._store._call(
+                "entries", None, self._sql["Q_ENTRIES_OF"], (status.value, after, limit), write=False
+            )
+        return [entry_value(row) for row in rows]
+
+    def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
+        rows = self._store._call("open_runs", None, self._sql["Q_OPEN_RUNS"], (list(thread_ids),), write=False)
+        found: dict[str, set[str]] = {}
+        for thread_id, run_id in rows:
+            found.setdefault(thread_id, set()).add(run_id)
+        return {thread_id: frozenset(runs) for thread_id, runs in found.items()}
+
+
+__all__ = ["MAX_BIGINT", "PostgresRunQueue", "entry_value"]

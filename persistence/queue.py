@@ -1,0 +1,299 @@
+"""The ``RunQueue`` contract: the durable run queue every store holds (DESIGN §4; seeds 000 "lookupRun").
+
+A store exposes its queue as ``store.queue`` (a :class:`RunQueue` over the same storage, sharing the store's
+lock or connections and its closed state): one store object is then both the ``Checkpointer`` and the queue,
+and the store's ``prune`` and ``sweep`` keep the newest checkpoint of every run an open entry names.
+
+Like :class:`~threadloom.persistence.base.Checkpointer`, every public method validates its arguments first
+(``ValidationError`` naming the field, nothing read or written), refuses the call once the store is closed
+(``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
+
+The rules every queue shares:
+
+1. **Entries** are numbered by the store in enqueue order (``entry_id``, never reused) and are ``OPEN`` until an
+   attempt finishes them ``COMPLETED`` or ``FAILED``; a finished entry never opens again.
+2. **Leases.** :meth:`RunQueue.lease` grants the oldest entry (by ``entry_id``) that is open, available
+   (``available_at <= now``) and not held by a live lease (live while ``now < lease_expires_at``), skipping an
+   entry while an older entry of the same thread is open, so one thread's inputs run in enqueue order. Each lease
+   numbers a new ``attempt`` (1, 2, …), which fences the holder: renew, record and finish need the current
+   attempt (``StaleLease`` otherwise). The holder may renew, record and finish after expiry while no other lease
+   replaced it. The store's clock decides time.
+3. **Runs.** An attempt records its RunId (:meth:`RunQueue.record_run`) *before* it touches the thread and, with
+   the RunIds the entry recorded, asks ``Checkpointer.lookup_run`` whether an earlier attempt's input was
+   admitted: then it recovers instead of admitting the input twice.
+4. **Retention.** While an entry is open, the store's ``prune`` and ``sweep`` keep the newest checkpoint each run
+   it recorded committed, whatever the policy or sweep guard says (seeds 000: lookupRun, sweep).
+5. **Bounds.** Every call touches a bounded number of rows through an index; lists are paged.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from threadloom.domain import rules
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+
+MAX_ERROR_LENGTH = 4000
+"""Longest ``error`` text :meth:`RunQueue.finish` keeps, in characters; longer text is cut to this length."""
+
+
+def _entry_id(field: str, value: Any) -> int:
+    return v.check_int(field, value, low=1)
+
+
+def _thread_ids(field: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValidationError(field, ("must be a collection of thread ids",))
+    items = tuple(dict.fromkeys(v.check_id(f"{field} item", item) for item in value))
+    if len(items) > rules.MAX_PAGE:
+        raise ValidationError(field, (f"must name at most {rules.MAX_PAGE} threads, got {len(items)}",))
+    return items
+
+
+class RunQueue(abc.ABC):
+    """The durable run queue of one storage (DESIGN §4). Safe to call from any number of threads.
+
+    A store builds it over its own storage and exposes it as ``store.queue``; it is closed with its store.
+    """
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once the store the queue belongs to is closed."""
+
+    def _ensure_open(self, operation: str) -> None:
+        if self.closed:
+            raise ProcessingError(operation, "the store is closed; open a new one")
+
+    # -- writes -----------------------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        thread_id: str,
+        *,
+        graph_id: str,
+        input: Any = None,  # noqa: A002 - the run's input, as DESIGN §4 names it
+        tenant_id: str | None = None,
+        delay: timedelta = timedelta(0),
+    ) -> QueueEntry:
+        """Adds an open entry asking for a run of ``graph_id`` on ``thread_id`` with ``input`` (DESIGN §4).
+
+        Args:
+            thread_id: the thread to run on (it need not exist yet).
+            graph_id: the kind of graph a worker runs for it (``GraphRuntime.serve`` looks it up by this id).
+            input: the run's input, a JSON value.
+            tenant_id: the tenant the run is for; the worker's run claims and checks the thread for it.
+            delay: the entry is not leased before ``delay`` from now, by the store's clock (>= 0).
+
+        Returns:
+            The new entry: ``OPEN``, no attempt, a new ``entry_id`` greater than every earlier one.
+
+        Raises:
+            ValidationError: a bad id, ``input`` that is not JSON, a negative ``delay``; nothing written.
+            ProcessingError: the storage failed or the store is closed. Enqueueing again after a failure may
+                add a second entry (entries have no idempotency key).
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_id("graph_id", graph_id)
+        v.check_json("input", input)
+        v.check_optional_id("tenant_id", tenant_id)
+        v.check_non_negative_duration("delay", delay)
+        self._ensure_open("enqueue")
+        return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
+
+    def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
+        """Leases the oldest leasable entry for ``holder`` until ``ttl`` from now, by the store's clock.
+
+        Leasable: open, ``available_at`` reached, no live lease, and no older open entry of the same thread
+        (rule 2). A lease replacing an expired, unfinished one names that holder in ``taken_over_from``.
+
+        Args:
+            holder: who leases (a worker's node id), recorded as ``leased_by``.
+            ttl: how long the lease lives (> 0).
+            graph_ids: only entries of these graph kinds (a non-empty collection), or None for every kind.
+
+        Returns:
+            The lease, its ``attempt`` one more than the entry's previous; None when nothing is leasable.
+
+        Raises:
+            ValidationError: bad ``holder``, ``ttl`` or ``graph_ids``; nothing changed.
+            ProcessingError: the storage failed or the store is closed.
+        """
+        v.check_id("holder", holder)
+        v.check_positive_duration("ttl", ttl)
+        kinds: frozenset[str] | None = None
+        if graph_ids is not None:
+            kinds = v.check_run_ids("graph_ids", graph_ids)
+            if not kinds:
+                raise ValidationError("graph_ids", ("must name at least one graph kind, or be None for every kind",))
+        self._ensure_open("lease")
+        return self._lease(holder, ttl, kinds)
+
+    def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
+        """Extends lease ``attempt`` of the entry to ``ttl`` from now, by the store's clock.
+
+        An expired lease nobody replaced is renewed (rule 2).
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease (re-leased, released, finished, unknown).
+            ValidationError, ProcessingError: as :meth:`lease`.
+        """
+        _entry_id("entry_id", entry_id)
+        v.check_int("attempt", attempt, low=1)
+        v.check_positive_duration("ttl", ttl)
+        self._ensure_open("renew_lease")
+        return self._renew_lease(entry_id, attempt, ttl)
+
+    def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
+        """Records ``run_id`` as attempt ``attempt``'s run on the entry, before the attempt touches the thread.
+
+        Source: DESIGN §4 ("record each attempt's RunId on the entry"). Recording the same RunId twice keeps
+        one. The entry's ``run_ids`` then protect that run's newest checkpoint from retention while it is open.
+
+        Returns:
+            The entry with ``run_id`` among its ``run_ids`` (appended, oldest first).
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease; nothing recorded.
+            ValidationError: a bad ``run_id`` or more than 1000 runs on one entry; nothing recorded.
+            ProcessingError: the storage failed or the store is closed. Retrying is safe.
+        """
+        _entry_id("entry_id", entry_id)
+        v.check_int("attempt", attempt, low=1)
+        v.check_id("run_id", run_id)
+        self._ensure_open("record_run")
+        return self._record_run(entry_id, attempt, run_id)
+
+    def finish(
+        self, entry_id: int, attempt: int, *, status: EntryStatus = EntryStatus.COMPLETED, error: str | None = None
+    ) -> QueueEntry:
+        """Finishes the entry ``COMPLETED`` or ``FAILED`` (with ``error``), fenced by ``attempt``.
+
+        Finishing again by the attempt that finished it, with the same status, returns the entry unchanged
+        (a retry after an unknown outcome is safe). The finished entry no longer protects its runs.
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease, or another attempt finished it.
+            ValidationError: ``status`` is ``OPEN`` or not an ``EntryStatus``; ``error`` is not text.
+            ProcessingError: the storage failed or the store is closed.
+        """
+        _entry_id("entry_id", entry_id)
+        v.check_int("attempt", attempt, low=1)
+        if not isinstance(status, EntryStatus) or status is EntryStatus.OPEN:
+            raise ValidationError("status", ("must be EntryStatus.COMPLETED or EntryStatus.FAILED",))
+        if error is not None:
+            error = v.check_text("error", error)[:MAX_ERROR_LENGTH]
+        self._ensure_open("finish")
+        return self._finish(entry_id, attempt, status, error)
+
+    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
+        """Gives lease ``attempt`` back unfinished: the entry is leasable again ``delay`` from now.
+
+        A worker that stops, or that finds the thread busy, hands the entry on this way instead of letting
+        the lease expire. An attempt that is not the current lease changes nothing (like a claim's release).
+
+        Raises:
+            ValidationError, ProcessingError: as :meth:`lease`.
+        """
+        _entry_id("entry_id", entry_id)
+        v.check_int("attempt", attempt, low=1)
+        v.check_non_negative_duration("delay", delay)
+        self._ensure_open("release_lease")
+        self._release_lease(entry_id, attempt, delay)
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    def entry(self, entry_id: int) -> QueueEntry | None:
+        """The entry ``entry_id`` as the store holds it now; None if there is none."""
+        _entry_id("entry_id", entry_id)
+        self._ensure_open("entry")
+        return self._entry(entry_id)
+
+    def entries(
+        self, *, limit: int = 50, after: int | None = None, status: EntryStatus | None = None
+    ) -> list[QueueEntry]:
+        """Up to ``limit`` (1..1000) entries with ``entry_id > after``, ascending, of ``status`` when given.
+
+        Page by passing the last ``entry_id`` of each page as ``after``.
+        """
+        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        if after is not None:
+            v.check_int("after", after, low=0)
+        if status is not None and not isinstance(status, EntryStatus):
+            raise ValidationError("status", ("must be an EntryStatus or None",))
+        self._ensure_open("entries")
+        return self._entries(limit, after or 0, status)
+
+    def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
+        """The RunIds the open entries of each of ``thread_ids`` (at most 1000) recorded.
+
+        Source: seeds 000 "sweep" (the runs an open entry protects). A thread without an open entry that
+        recorded a run is absent from the mapping.
+        """
+        ids = _thread_ids("thread_ids", thread_ids)
+        self._ensure_open("open_runs")
+        if not ids:
+            return {}
+        return self._open_runs(ids)
+
+    # -- what a store implements ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _enqueue(
+        self,
+        thread_id: str,
+        graph_id: str,
+        input: Any,
+        tenant_id: str | None,
+        delay: timedelta,  # noqa: A002
+    ) -> QueueEntry: ...
+
+    @abc.abstractmethod
+    def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None: ...
+
+    @abc.abstractmethod
+    def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease: ...
+
+    @abc.abstractmethod
+    def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry: ...
+
+    @abc.abstractmethod
+    def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry: ...
+
+    @abc.abstractmethod
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None: ...
+
+    @abc.abstractmethod
+    def _entry(self, entry_id: int) -> QueueEntry | None: ...
+
+    @abc.abstractmethod
+    def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]: ...
+
+    @abc.abstractmethod
+    def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]: ...
+
+
+MAX_RUNS_PER_ENTRY = 1000
+"""Most RunIds one entry records; an entry that reached it is a ``ValidationError`` on ``record_run``."""
+
+
+def queue_of(store: Any) -> RunQueue:
+    """The run queue of ``store`` (its ``queue`` attribute).
+
+    Raises:
+        ValidationError: the store has no run queue (yet).
+    """
+    queue = getattr(store, "queue", None)
+    if not isinstance(queue, RunQueue):
+        raise ValidationError("store", (f"{type(store).__name__} has no run queue (store.queue)",))
+    return queue
+
+
+__all__ = ["MAX_ERROR_LENGTH", "MAX_RUNS_PER_ENTRY", "RunQueue", "queue_of"]

@@ -1,0 +1,178 @@
+"""``threadloom stats``: read-only probes of a store through a ``MeteredCheckpointer``, and their metrics.
+
+The command wraps the store named by ``--store`` in a :class:`~threadloom.persistence.metered.MeteredCheckpointer`
+with an :class:`~threadloom.persistence.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
+incomplete threads, and for a few threads their latest checkpoint, history, events, children and run lookup),
+and prints what the meter recorded: calls, errors and latency per store method. Nothing is written, claimed or
+swept. It is a quick health and latency check of a store URL from a terminal (DESIGN §3 ``MeteredCheckpointer``,
+§6); a long-running host exports the same metrics with a Prometheus or OpenTelemetry meter instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from threadloom.cli import CliError, CliState, scrub
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ProcessingError, ThreadloomError
+from threadloom.domain.values import ThreadQuery
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.meter import HistogramSnapshot, InMemoryMeter, MeterSnapshot
+from threadloom.persistence.metered import CALLS, ERRORS, LATENCY, OPERATIONS, MeteredCheckpointer
+
+PAGE = 50
+"""Threads per registry read, checkpoints per history read, children per children read."""
+EVENTS_PAGE = 100
+"""Events per events read."""
+
+
+def probe(store: Checkpointer, tenant_id: str | None, threads: list[str], sample: int) -> list[str]:
+    """One round of read-only calls; returns the threads it read (given ones, else up to ``sample`` listed).
+
+    A store error of one call (``ReplayUnavailable``, …) ends that call only: it is what the meter counts.
+
+    Raises:
+        ProcessingError: the storage failed (there is no point in reading on).
+    """
+    def attempt(call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except ProcessingError:
+            raise
+        except ThreadloomError:
+            return None
+
+    page = attempt(store.threads, ThreadQuery(tenant_id=tenant_id, limit=PAGE))
+    attempt(store.incomplete, tenant_id, limit=PAGE)
+    chosen = list(threads) or ([s.thread_id for s in page.items[:sample]] if page is not None else [])
+    for thread_id in chosen:
+        stored = attempt(store.latest, thread_id)
+        attempt(store.history, thread_id, limit=PAGE)
+        attempt(store.events_after, thread_id, 0, EVENTS_PAGE)
+        attempt(store.children, thread_id, limit=PAGE)
+        if stored is not None:
+            attempt(store.lookup_run, thread_id, [stored.checkpoint.run_id])
+    return chosen
+
+
+def _ms(seconds: float) -> float | None:
+    return None if math.isinf(seconds) else round(seconds * 1000, 3)
+
+
+def operations(snapshot: MeterSnapshot) -> list[dict[str, Any]]:
+    """Per store method that was called: calls, errors, mean latency and bucket bounds of p50/p99 (ms).
+
+    Ordered as :data:`~threadloom.persistence.metered.OPERATIONS`. A quantile is the upper bound of the
+    latency bucket that holds it (None when only the ``+Inf`` bucket does).
+    """
+    rows = []
+    for op in OPERATIONS:
+        calls = snapshot.counter(CALLS, op=op)
+        if not calls:
+            continue
+        latency = snapshot.histogram(LATENCY, op=op) or HistogramSnapshot(count=0, sum=0.0, buckets=())
+        rows.append(
+            {
+                "op": op,
+                "calls": int(calls),
+                "errors": int(snapshot.counter(ERRORS, op=op)),
+                "mean_ms": round(latency.mean * 1000, 3),
+                "p50_ms": _ms(latency.quantile(0.5)),
+                "p99_ms": _ms(latency.quantile(0.99)),
+            }
+        )
+    return rows
+
+
+def _bound(ms: float | None) -> Text:
+    return Text("> 30 s" if ms is None else f"≤ {ms:g}")
+
+
+@click.command()
+@click.option("--tenant", default=None, metavar="TENANT", help="The tenant whose threads to read (absent: no tenant).")
+@click.option("--thread", "threads", multiple=True, metavar="THREAD", help="Read this thread (repeatable).")
+@click.option(
+    "--sample",
+    type=click.IntRange(0, PAGE),
+    default=5,
+    show_default=True,
+    help="Without --thread: read this many of the tenant's most recently updated threads.",
+)
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True, help="Probe rounds.")
+@click.pass_context
+def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], sample: int, rounds: int) -> None:
+    """Probe the store with read-only calls and print their metrics: calls, errors, latency per method.
+
+    Reads the registry and incomplete threads of --tenant, and for each thread (--thread, or a sample of the
+    registry) its latest checkpoint, history, events, children and run lookup; writes nothing. Latency
+    quantiles are bucket bounds (ms): p50 ≤ 2.5 means half the calls took at most 2.5 ms. With --json, prints
+    the table's rows and the meter's whole snapshot.
+    """
+    state = ctx.find_object(CliState)
+    if state is None:
+        raise CliError("internal: the command ran without the threadloom group")
+    v.check_optional_id("tenant", tenant)
+    for thread_id in threads:
+        v.check_id("thread", thread_id)
+    meter = InMemoryMeter()
+    store = MeteredCheckpointer(state.store(), meter)  # the group closes the inner store when the command ends
+    read: list[str] = []
+    failure: ProcessingError | None = None
+    for _ in range(rounds):
+        try:
+            read = probe(store, tenant, list(threads), sample)
+        except ProcessingError as error:
+            failure = error
+            break
+    snapshot = meter.snapshot()
+    rows = operations(snapshot)
+    if state.json_output:
+        state.emit(
+            {
+                "store": state.safe_url,
+                "tenant_id": tenant,
+                "rounds": rounds,
+                "threads": read,
+                "operations": rows,
+                "failure": None if failure is None else scrub(str(failure), state.secrets),
+                "snapshot": snapshot.to_dict(),
+            }
+        )
+    else:
+        table = Table(
+            title=f"store calls on {state.safe_url} ({rounds} round(s), {len(read)} thread(s) read)",
+            title_justify="left",
+            header_style="bold",
+        )
+        for column in ("op", "calls", "errors", "mean ms", "p50 ms", "p99 ms"):
+            table.add_column(column, justify="left" if column == "op" else "right")
+        for row in rows:
+            table.add_row(
+                Text(row["op"]),
+                Text(str(row["calls"])),
+                Text(str(row["errors"]), style="red" if row["errors"] else ""),
+                Text(f"{row['mean_ms']:.3f}"),
+                _bound(row["p50_ms"]),
+                _bound(row["p99_ms"]),
+            )
+        state.out.print(table)
+        errors = [
+            (dict(labels), value) for (name, labels), value in sorted(snapshot.counters.items()) if name == ERRORS
+        ]
+        if errors:
+            detail = Table(title="errors", title_justify="left", header_style="bold")
+            for column in ("op", "error", "count"):
+                detail.add_column(column)
+            for labels, value in errors:
+                detail.add_row(Text(labels.get("op", "")), Text(labels.get("error", "")), Text(str(int(value))))
+            state.out.print(detail)
+    if failure is not None:
+        raise CliError(f"the store failed while probing {state.safe_url}: {failure}")
+
+
+__all__ = ["operations", "probe", "stats"]

@@ -1,0 +1,323 @@
+"""PostgreSQL store harnesses for the contract suite (DESIGN §3 "Stores"; STYLE: eventsourcing's test kit).
+
+Tests find the server through the environment variable ``THREADLOOM_TEST_PG`` (default
+``postgresql://postgres@127.0.0.1:5432/postgres``). Where it is not reachable they **skip** with a loud reason,
+except when ``CI=true``, where that is a **failure**: :func:`postgres_dsn` is the one place that decides.
+
+Every harness works in a schema of its own (``tl_test_<random>``), dropped in :meth:`StoreHarness.cleanup`.
+The database decides time (``database_clock = True``): time-dependent contract tests use multiples of
+``tick`` and :meth:`StoreHarness.advance` waits in real time, without changing any production SQL.
+
+* :class:`PgHarness` - one :class:`PostgresCheckpointer`; :meth:`sibling` opens a second store on the schema.
+* :class:`PgPairHarness` - two stores on one schema, calls alternating between them
+  (:class:`AlternatingCheckpointer`): every rule must hold whichever store a call reaches.
+* :class:`PgCallerPoolHarness` - a store over a pool the caller owns (:meth:`PostgresCheckpointer.create`),
+  which takes the per-transaction path for the call limits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import queue
+import select
+import socket
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from threadloom.persistence import redact_url
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.postgres import (
+    PostgresCheckpointer,
+    PostgresCheckpointerConfig,
+)
+from threadloom.testing.harness import AlternatingCheckpointer, StoreHarness
+
+ENV_DSN = "THREADLOOM_TEST_PG"
+"""The environment variable naming the test server."""
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+"""The test server when ``THREADLOOM_TEST_PG`` is not set."""
+
+
+@functools.cache
+def _probe(dsn: str) -> str | None:
+    """None when ``dsn`` answers ``SELECT 1``, else why not (never showing a password)."""
+    try:
+        import psycopg
+    except ImportError as error:
+        return f"psycopg is not installed ({error}); install the postgres extra"
+    try:
+        with psycopg.connect(dsn, connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except Exception as error:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        password = _password(dsn)
+        return text.replace(password, "***") if password else text
+    return None
+
+
+def _password(dsn: str) -> str | None:
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        return conninfo_to_dict(dsn).get("password") or None
+    except Exception:
+        return None
+
+
+def postgres_dsn() -> str:
+    """The test server's DSN; skips the test when it is unreachable, or fails it when ``CI=true``.
+
+    Returns:
+        ``THREADLOOM_TEST_PG`` or :data:`DEFAULT_DSN`.
+    """
+    dsn = os.environ.get(ENV_DSN) or DEFAULT_DSN
+    problem = _probe(dsn)
+    if problem is not None:
+        reason = (
+            f"PostgreSQL tests need a server: {redact_url(dsn)} is not reachable ({problem}); "
+            f"set {ENV_DSN} to a postgresql:// URL"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return dsn
+
+
+class _Dropper:
+    """Drops the schemas of finished tests on a thread of its own, so a test does not wait for DROP SCHEMA.
+
+    ``atexit`` waits (bounded) for the drops still queued.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, dsn: str, schema: str) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="threadloom-test-drop", daemon=True)
+                self._thread.start()
+                atexit.register(self.drain)
+        self._queue.put((dsn, schema))
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Waits until every queued drop ran (at most ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is not None:
+                    drop_schema(*item)
+            except Exception:  # a schema left behind is only clutter; never fail a test for it
+                pass
+            finally:
+                self._queue.task_done()
+
+
+_dropper = _Dropper()
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    """Drops ``schema`` and everything in it (quoted with ``psycopg.sql.Identifier``)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, connect_timeout=5, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = 10000")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def new_schema_name() -> str:
+    """A fresh schema name for one test: ``tl_test_<12 hex digits>``."""
+    return f"tl_test_{uuid.uuid4().hex[:12]}"
+
+
+class StallingProxy:
+    """A TCP proxy on loopback in front of the test server that can stall: a network that stops answering.
+
+    While stalled it forwards nothing in either direction (bytes wait in the kernel's buffers); :meth:`resume`
+    forwards them again. Every loop is bounded by :meth:`close` (STYLE: faults are injected for real).
+
+    Args:
+        dsn: the server to forward to (its host and port).
+
+    Attributes:
+        dsn: ``dsn`` with host and port replaced by the proxy's.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+        self._upstream = (parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)
+        port = self._server.getsockname()[1]
+        parts.update(host="127.0.0.1", port=str(port))
+        self.dsn = make_conninfo(**parts)
+        self._stalled = threading.Event()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="threadloom-test-proxy", daemon=True).start()
+
+    def stall(self) -> None:
+        """Stops forwarding, in both directions, on every connection (new ones included)."""
+        self._stalled.set()
+
+    def resume(self) -> None:
+        """Forwards again."""
+        self._stalled.clear()
+
+    def close(self) -> None:
+        """Closes the proxy and every connection through it."""
+        self._closed.set()
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self._closed.is_set():
+                if self._stalled.is_set():
+                    time.sleep(0.01)
+                    continue
+                readable, _, _ = select.select([src], [], [], 0.05)
+                if not readable or self._stalled.is_set():  # a stall that began during select holds the bytes
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class PgHarness(StoreHarness):
+    """One :class:`PostgresCheckpointer` in a schema of its own; its sibling is a second store on the schema.
+
+    Attributes:
+        dsn: the test server (see :func:`postgres_dsn`).
+        schema: this harness's schema, dropped by :meth:`cleanup`.
+    """
+
+    name = "postgres"
+    database_clock = True
+    tick = timedelta(milliseconds=200)
+    reopenable = True
+    shared = True
+    call_timeout = timedelta(seconds=10)
+    max_size = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dsn = postgres_dsn()
+        self.schema = new_schema_name()
+
+    def config(self, **changes: Any) -> PostgresCheckpointerConfig:
+        """This harness's store configuration, with ``changes`` applied."""
+        fields: dict[str, Any] = dict(
+            schema=self.schema, min_size=1, max_size=self.max_size, call_timeout=self.call_timeout
+        )
+        fields.update(changes)
+        return PostgresCheckpointerConfig(**fields)
+
+    def open_pg(self, **changes: Any) -> PostgresCheckpointer:
+        """A :class:`PostgresCheckpointer` on this harness's schema, closed by :meth:`cleanup`."""
+        store = PostgresCheckpointer.open(self.dsn, self.config(**changes))
+        self._opened.append(store)
+        return store
+
+    def _open(self) -> Checkpointer:
+        return PostgresCheckpointer.open(self.dsn, self.config())
+
+    def _remove(self) -> None:
+        _dropper.submit(self.dsn, self.schema)
+
+
+class PgPairHarness(PgHarness):
+    """Two PostgreSQL stores on one schema; each call goes to the next of them in turn."""
+
+    name = "postgres-pair"
+
+    def _open(self) -> Checkpointer:
+        return AlternatingCheckpointer(
+            PostgresCheckpointer.open(self.dsn, self.config()), PostgresCheckpointer.open(self.dsn, self.config())
+        )
+
+
+class PgCallerPoolHarness(PgHarness):
+    """A store built with :meth:`PostgresCheckpointer.create` over a pool the test owns (manual-commit
+    connections, as a caller's pool may have): the store then sets its limits per transaction and leaves the
+    connections' sessions alone. The pools are closed after the stores, by :meth:`cleanup`."""
+
+    name = "postgres-caller-pool"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pools: list[Any] = []
+
+    def _open(self) -> Checkpointer:
+        from psycopg_pool import ConnectionPool
+
+        pool = ConnectionPool(self.dsn, min_size=1, max_size=self.max_size, open=True, timeout=10)
+        self._pools.append(pool)
+        return PostgresCheckpointer.create(pool, self.config())
+
+    def _remove(self) -> None:
+        for pool in self._pools:
+            pool.close()
+        super()._remove()
+
+
+__all__ = [
+    "DEFAULT_DSN",
+    "ENV_DSN",
+    "PgCallerPoolHarness",
+    "PgHarness",
+    "PgPairHarness",
+    "StallingProxy",
+    "drop_schema",
+    "new_schema_name",
+    "postgres_dsn",
+]

@@ -1,0 +1,147 @@
+"""SQLite store harnesses for the contract suite (DESIGN §3 "Stores"; STYLE: eventsourcing's test kit).
+
+Three arrangements over one temporary SQLite file, all reading the harness's :class:`ManualClock`:
+
+* :class:`SqliteHarness` - one :class:`SqliteCheckpointer`; :meth:`sibling` opens a second store on the file.
+* :class:`SqlitePairHarness` - two stores over the file, calls alternating between them
+  (:class:`AlternatingCheckpointer`): every rule must hold whichever store a call reaches.
+* :class:`SqliteReopeningHarness` - a store that opens the file afresh for every call and closes it after
+  (:class:`ReopeningCheckpointer`): nothing may live in a store object, only in the file (token counter,
+  reclamation mark, claims, numbering, children's places).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.testing.harness import AlternatingCheckpointer, StoreHarness
+
+
+class SqliteHarness(StoreHarness):
+    """One :class:`SqliteCheckpointer` over a temporary file; its sibling is a second store on that file."""
+
+    name = "sqlite"
+    reopenable = True
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = tempfile.mkdtemp(prefix="threadloom-sqlite-")
+        self.path = os.path.join(self.directory, "store.db")
+
+    def open_sqlite(self, busy_timeout: timedelta = timedelta(seconds=5)) -> SqliteCheckpointer:
+        """A plain :class:`SqliteCheckpointer` over this harness's file and clock (not tracked for cleanup)."""
+        return SqliteCheckpointer.open(self.path, clock=self.clock, busy_timeout=busy_timeout)
+
+    def _open(self) -> Checkpointer:
+        return self.open_sqlite()
+
+    def _remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class SqlitePairHarness(SqliteHarness):
+    """Two SQLite stores over one file; each call goes to the next of them in turn."""
+
+    name = "sqlite-pair"
+
+    def _open(self) -> Checkpointer:
+        return AlternatingCheckpointer(self.open_sqlite(), self.open_sqlite())
+
+
+class ReopeningCheckpointer(Checkpointer):
+    """Opens a fresh store for every call and closes it once the call returns.
+
+    Args:
+        opener: builds a store over the storage under test (called once per call).
+
+    The public methods validate and check closed as every store does, then run the call on a new store; so a
+    test passes only if everything the contract promises is kept in the storage itself.
+    """
+
+    def __init__(self, opener: Callable[[], Checkpointer]) -> None:
+        super().__init__()
+        self._opener = opener
+
+    def _run(self, name: str, *args: Any) -> Any:
+        store = self._opener()
+        try:
+            return getattr(store, name)(*args)
+        finally:
+            store.close()
+
+    def _claim(self, *args: Any) -> Any:
+        return self._run("_claim", *args)
+
+    def _renew(self, *args: Any) -> Any:
+        return self._run("_renew", *args)
+
+    def _release(self, *args: Any) -> Any:
+        return self._run("_release", *args)
+
+    def _commit(self, *args: Any) -> Any:
+        return self._run("_commit", *args)
+
+    def _latest(self, *args: Any) -> Any:
+        return self._run("_latest", *args)
+
+    def _checkpoint(self, *args: Any) -> Any:
+        return self._run("_checkpoint", *args)
+
+    def _history(self, *args: Any) -> Any:
+        return self._run("_history", *args)
+
+    def _children(self, *args: Any) -> Any:
+        return self._run("_children", *args)
+
+    def _events_after(self, *args: Any) -> Any:
+        return self._run("_events_after", *args)
+
+    def _await_events_after(self, *args: Any) -> Any:
+        return self._run("_await_events_after", *args)
+
+    def _compact_events(self, *args: Any) -> Any:
+        return self._run("_compact_events", *args)
+
+    def _delete_thread(self, *args: Any) -> Any:
+        return self._run("_delete_thread", *args)
+
+    def _effect(self, *args: Any) -> Any:
+        return self._run("_effect", *args)
+
+    def _lookup_run(self, *args: Any) -> Any:
+        return self._run("_lookup_run", *args)
+
+    def _prune(self, *args: Any) -> Any:
+        return self._run("_prune", *args)
+
+    def _sweep(self, *args: Any) -> Any:
+        return self._run("_sweep", *args)
+
+    def _threads(self, *args: Any) -> Any:
+        return self._run("_threads", *args)
+
+    def _incomplete(self, *args: Any) -> Any:
+        return self._run("_incomplete", *args)
+
+    def _close(self) -> None:
+        return None
+
+
+class SqliteReopeningHarness(SqliteHarness):
+    """SQLite across close and reopen: every call runs on a store opened for it and closed after it."""
+
+    name = "sqlite-reopening"
+
+    def _open(self) -> Checkpointer:
+        return ReopeningCheckpointer(self.open_sqlite)
+
+
+__all__ = ["ReopeningCheckpointer", "SqliteHarness", "SqlitePairHarness", "SqliteReopeningHarness"]

@@ -1,0 +1,23 @@
+"""Shared fixtures of threadloom's own tests (kept small: the contract suite brings its own)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from threadloom.domain.clock import ManualClock
+from threadloom.testing.harness import START
+
+# The machine is small and shared: a property test never fails on wall-clock time.
+settings.register_profile("threadloom", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# CI replays the same examples on every run, so a red build is reproducible and never a coin toss.
+settings.register_profile("ci", parent=settings.get_profile("threadloom"), derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") == "true" else "threadloom")
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock at the harness's start instant."""
+    return ManualClock(START)

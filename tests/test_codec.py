@@ -1,0 +1,219 @@
+"""The JSON text codec (DESIGN §3 rule 10): round trips, time encoding, and damaged rows."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from threadloom.domain.errors import ProcessingError
+from threadloom.domain.values import (
+    Checkpoint,
+    CheckpointOrigin,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventDraft,
+    EventRecord,
+    PendingWrite,
+)
+from threadloom.persistence import codec
+from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.testing import strategies as tls
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+# -- round trips -------------------------------------------------------------------------------------------------------
+
+
+@given(tls.checkpoints())
+def test_checkpoints_round_trip(cp: Checkpoint) -> None:
+    text = codec.encode_checkpoint(cp)
+    assert isinstance(json.loads(text), dict)
+    back = codec.decode_checkpoint(text, cp.thread_id)
+    assert back == cp
+    assert back.created_at.utcoffset() == timedelta(0)
+
+
+@given(tls.pending_writes())
+def test_pending_writes_round_trip(pw: PendingWrite) -> None:
+    assert codec.decode_pending_write(codec.encode_pending_write(pw), "t") == pw
+
+
+@given(tls.event_drafts(), tls.ids(max_size=40), st.integers(1, 2**62), st.integers(1, 2**62))
+def test_event_records_round_trip(draft: EventDraft, thread_id: str, seq: int, token: int) -> None:
+    record = EventRecord.of(draft, thread_id=thread_id, seq=seq, token=token)
+    assert codec.decode_event(codec.encode_event(record), thread_id) == record
+
+
+@given(tls.effect_records())
+def test_effect_records_round_trip(effect: EffectRecord) -> None:
+    assert codec.decode_effect(codec.encode_effect(effect), "t") == effect
+
+
+@given(tls.metadata())
+def test_metadata_round_trips(metadata: dict[str, str]) -> None:
+    assert codec.decode_metadata(codec.encode_metadata(metadata), "t") == metadata
+    assert codec.decode_metadata(None, "t") == {}
+
+
+def test_every_checkpoint_field_survives() -> None:
+    cp = Checkpoint(
+        id="c2",
+        parent="c1",
+        thread_id="t",
+        run_id="r",
+        status=CheckpointStatus.SUSPENDED,
+        created_at=datetime(1969, 7, 20, 20, 17, 40, 123456, tzinfo=timezone(timedelta(hours=-5))),
+        state={"messages": [{"role": "user", "content": "hé ☃ \x00"}], "n": 2**63 - 1, "f": -0.5, "b": False},
+        graph_id="chat",
+        tenant_id="acme",
+        fencing_token=42,
+        origin=CheckpointOrigin(parent_thread="p", parent_checkpoint="pc", task_id="task"),
+        metadata={"k": "v", "": ""},
+    )
+    back = codec.decode_checkpoint(codec.encode_checkpoint(cp), "t")
+    assert back == cp
+    assert back.created_at.tzinfo == timezone.utc
+
+
+def test_tuples_are_stored_as_json_arrays() -> None:
+    pw = PendingWrite(checkpoint_id="c", task_id="t", node_id="n", payload={"pair": (1, "a")})
+    assert codec.decode_pending_write(codec.encode_pending_write(pw), "t").payload == {"pair": [1, "a"]}
+
+
+def test_times_are_integer_microseconds_since_the_epoch() -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert codec.to_micros(epoch) == 0
+    assert codec.to_micros(epoch + timedelta(microseconds=1)) == 1
+    assert codec.to_micros(epoch - timedelta(microseconds=1)) == -1
+    assert codec.to_micros(NOW) == 1_767_225_600_000_000
+    assert codec.to_micros(datetime(2026, 1, 1, 2, tzinfo=timezone(timedelta(hours=2)))) == codec.to_micros(NOW)
+    assert codec.from_micros(1_767_225_600_000_001) == NOW + timedelta(microseconds=1)
+    raw = json.loads(
+        codec.encode_event(
+            EventRecord.of(EventDraft(run_id="r", type="e", timestamp=NOW), thread_id="t", seq=1, token=1)
+        )
+    )
+    assert raw["timestamp"] == 1_767_225_600_000_000 and isinstance(raw["timestamp"], int)
+
+
+@given(tls.aware_datetimes(min_year=1, max_year=9998))
+def test_micros_round_trip_any_aware_datetime(when: datetime) -> None:
+    back = codec.from_micros(codec.to_micros(when))
+    assert back == when and back.tzinfo == timezone.utc
+
+
+def test_encoding_refuses_what_json_cannot_hold() -> None:
+    with pytest.raises(ValueError):
+        codec.dumps(float("nan"))
+    assert codec.loads(codec.dumps({"a": ["☃", None]})) == {"a": ["☃", None]}
+
+
+# -- damaged rows ------------------------------------------------------------------------------------------------------
+
+_GOOD_CHECKPOINT = json.loads(
+    codec.encode_checkpoint(
+        Checkpoint(id="c1", parent=None, thread_id="t", run_id="r", status=CheckpointStatus.RUNNING, created_at=NOW)
+    )
+)
+_GOOD_EVENT = json.loads(
+    codec.encode_event(EventRecord.of(EventDraft(run_id="r", type="e", timestamp=NOW), thread_id="t", seq=1, token=1))
+)
+_GOOD_EFFECT = json.loads(codec.encode_effect(EffectRecord(key="k", run_id="r", recorded_at=NOW)))
+_GOOD_WRITE = json.loads(codec.encode_pending_write(PendingWrite(checkpoint_id="c", task_id="t", node_id="n")))
+
+
+def _with(base: dict, **changes) -> str:
+    raw = dict(base)
+    for key, value in changes.items():
+        if value is _DROP:
+            raw.pop(key)
+        else:
+            raw[key] = value
+    return json.dumps(raw)
+
+
+_DROP = object()
+
+DAMAGED = [
+    pytest.param(codec.decode_checkpoint, "{not json", id="checkpoint-not-json"),
+    pytest.param(codec.decode_checkpoint, "[]", id="checkpoint-array"),
+    pytest.param(codec.decode_checkpoint, "null", id="checkpoint-null"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id=_DROP), id="checkpoint-missing-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, status="paused"), id="checkpoint-unknown-status"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at="2026-01-01"), id="checkpoint-text-time"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id="x" * 300), id="checkpoint-overlong-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent": "p"}), id="checkpoint-bad-origin"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": 1}), id="checkpoint-bad-metadata"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=0), id="checkpoint-bad-token"),
+    pytest.param(codec.decode_event, "", id="event-empty"),
+    pytest.param(codec.decode_event, _with(_GOOD_EVENT, timestamp=None), id="event-null-time"),
+    pytest.param(codec.decode_event, _with(_GOOD_EVENT, surprise=1), id="event-unknown-field"),
+    pytest.param(codec.decode_event, _with(_GOOD_EVENT, type=""), id="event-empty-type"),
+    pytest.param(codec.decode_effect, _with(_GOOD_EFFECT, recorded_at=_DROP), id="effect-missing-time"),
+    pytest.param(codec.decode_effect, '"a string"', id="effect-string"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id=None), id="write-null-task"),
+    pytest.param(codec.decode_pending_write, "[1, 2]", id="write-array"),
+    pytest.param(codec.decode_metadata, "[1]", id="metadata-array"),
+    pytest.param(codec.decode_metadata, '{"k": 2}', id="metadata-number"),
+    pytest.param(codec.decode_metadata, "{", id="metadata-not-json"),
+]
+
+
+@pytest.mark.parametrize(("decode", "text"), DAMAGED)
+def test_a_damaged_row_is_a_processing_error_naming_the_thread(decode, text: str) -> None:
+    with pytest.raises(ProcessingError) as info:
+        decode(text, "thread-42")
+    assert info.value.operation == "decode"
+    assert "'thread-42'" in info.value.message
+    assert isinstance(info.value.__cause__, Exception)
+
+
+def _damaged_store() -> InMemoryCheckpointer:
+    store = InMemoryCheckpointer()
+    claim = store.claim("thread-42", ClaimRequest(holder="r", ttl=timedelta(minutes=1)))
+    cp = Checkpoint(
+        id="c1", parent=None, thread_id="thread-42", run_id="r", status=CheckpointStatus.RUNNING, created_at=NOW
+    )
+    store.commit(
+        "thread-42",
+        Commit(
+            token=claim.token,
+            checkpoint=cp,
+            events=[EventDraft(run_id="r", type="e", timestamp=NOW)],
+            effects=[EffectRecord(key="k", run_id="r", recorded_at=NOW)],
+            pending_writes=[PendingWrite(checkpoint_id="c1", task_id="t", node_id="n")],
+        ),
+    )
+    # Damage what the store keeps, as a torn write or an incompatible version would.
+    row = store._rows["thread-42"]
+    row.history[-1].text = '{"id": "c1"'
+    row.events[-1].text = "{}"
+    row.effects["k"] = "[]"
+    row.pending[0] = "null"
+    return store
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda s: s.latest("thread-42"), id="latest"),
+        pytest.param(lambda s: s.checkpoint("thread-42", "c1"), id="checkpoint"),
+        pytest.param(lambda s: s.history("thread-42", limit=5), id="history"),
+        pytest.param(lambda s: s.lookup_run("thread-42", ["r"]), id="lookup_run"),
+        pytest.param(lambda s: s.events_after("thread-42", 0, 5), id="events_after"),
+        pytest.param(lambda s: s.effect("thread-42", "k"), id="effect"),
+    ],
+)
+def test_a_store_reports_a_damaged_row_naming_the_thread(read) -> None:
+    store = _damaged_store()
+    with pytest.raises(ProcessingError) as info:
+        read(store)
+    assert "'thread-42'" in str(info.value)
+    assert store.claim("other", ClaimRequest(holder="r", ttl=timedelta(minutes=1))).token > 0  # the store still works

@@ -1,0 +1,493 @@
+"""PostgresCheckpointer beyond the contract suite: configuration, construction, migrations, the database clock,
+LISTEN/NOTIFY wake-ups, error mapping and query plans (seeds 003; DESIGN §3 "Stores").
+
+Everything runs against the real server named by THREADLOOM_TEST_PG (skipped loudly when unreachable, failed
+under CI=true), except the configuration and error-mapping cases, which need no server.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import psycopg_pool
+import pytest
+import structlog
+
+from threadloom import (
+    CancelledError,
+    Checkpoint,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EventDraft,
+    OutcomeUnknown,
+    PostgresCheckpointer,
+    PostgresCheckpointerConfig,
+    ProcessingError,
+    StaleClaim,
+    ThreadDeleted,
+    ThreadloomError,
+    ThreadQuery,
+    ThreadStatus,
+    ValidationError,
+    open_store,
+)
+from threadloom.persistence.postgres import map_error
+from threadloom.testing.postgres_harness import (
+    PgHarness,
+    drop_schema,
+    new_schema_name,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def harness():
+    harness = PgHarness()
+    try:
+        yield harness
+    finally:
+        harness.cleanup()
+
+
+def checkpoint(thread_id: str, cp_id: str, parent: str | None, *, run: str = "run-1", **fields) -> Checkpoint:
+    return Checkpoint(
+        id=cp_id, parent=parent, thread_id=thread_id, run_id=run, status=CheckpointStatus.RUNNING, created_at=NOW,
+        **fields,
+    )
+
+
+def event(kind: str = "step", run: str = "run-1") -> EventDraft:
+    return EventDraft(run_id=run, type=kind, timestamp=NOW, payload={"kind": kind})
+
+
+def claim(store, thread_id: str, holder: str = "run-1", tenant: str | None = None):
+    return store.claim(thread_id, ClaimRequest(holder=holder, ttl=timedelta(minutes=5), tenant_id=tenant))
+
+
+# -- configuration (no server) --------------------------------------------------------------------------------------
+
+
+def test_config_defaults_match_the_design() -> None:
+    config = PostgresCheckpointerConfig()
+    assert (config.schema, config.min_size, config.max_size) == ("threadloom", 1, 10)
+    assert config.connect_timeout == timedelta(seconds=5)
+    assert config.call_timeout == timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"schema": "x; DROP TABLE y"}, "config.schema"),
+        ({"schema": '"quoted"'}, "config.schema"),
+        ({"schema": "1abc"}, "config.schema"),
+        ({"schema": "pg_catalog"}, "config.schema"),
+        ({"schema": "a" * 64}, "config.schema"),
+        ({"schema": ""}, "config.schema"),
+        ({"schema": 7}, "config.schema"),
+        ({"min_size": -1}, "config.min_size"),
+        ({"max_size": 0}, "config.max_size"),
+        ({"min_size": 5, "max_size": 2}, "config.max_size"),
+        ({"min_size": True}, "config.min_size"),
+        ({"connect_timeout": timedelta(0)}, "config.connect_timeout"),
+        ({"call_timeout": 10}, "config.call_timeout"),
+    ],
+)
+def test_config_refuses_bad_fields_naming_them(changes, field) -> None:
+    with pytest.raises(ValidationError) as info:
+        PostgresCheckpointerConfig(**changes)
+    assert info.value.field == field
+
+
+def test_channel_is_derived_from_the_schema_and_fits_an_identifier() -> None:
+    assert PostgresCheckpointerConfig(schema="app").channel == "threadloom.app"
+    long = PostgresCheckpointerConfig(schema="s" * 63).channel
+    assert len(long.encode()) <= 63 and long != PostgresCheckpointerConfig(schema="t" * 63).channel
+
+
+def test_module_imports_without_psycopg() -> None:
+    """``from threadloom import PostgresCheckpointer`` works without the postgres extra; open names the extra."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["psycopg"] = None
+        sys.modules["psycopg_pool"] = None
+        import threadloom
+        from threadloom import PostgresCheckpointer, PostgresCheckpointerConfig, ProcessingError
+        assert "PostgresCheckpointer" in threadloom.__all__ and "PostgresCheckpointerConfig" in threadloom.__all__
+        PostgresCheckpointerConfig(schema="ok")
+        try:
+            PostgresCheckpointer.open("postgresql://nobody@127.0.0.1:1/x")
+        except ProcessingError as error:
+            assert "postgres extra" in str(error), error
+        else:
+            raise AssertionError("open without psycopg must fail")
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+# -- the one error-mapping function (no server) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error, write, aborted, expected, words",
+    [
+        (psycopg.errors.LockNotAvailable("lock timeout"), True, None, ProcessingError, "lock"),
+        (psycopg.errors.QueryCanceled("canceling statement"), True, None, ProcessingError, "cancelled the call"),
+        (psycopg.errors.SerializationFailure("could not serialize"), True, None, ProcessingError, "conflicting"),
+        (psycopg.errors.DeadlockDetected("deadlock"), True, None, ProcessingError, "conflicting"),
+        (psycopg.errors.UndefinedTable("relation does not exist"), False, None, ProcessingError, "missing"),
+        (psycopg.errors.InvalidSchemaName("schema does not exist"), False, None, ProcessingError, "missing"),
+        (psycopg.errors.DiskFull("no space"), True, None, ProcessingError, "53100"),
+        (psycopg.errors.AdminShutdown("terminating connection"), True, None, OutcomeUnknown, "lost"),
+        (psycopg.errors.AdminShutdown("terminating connection"), False, None, ProcessingError, "lost"),
+        (psycopg.errors.ConnectionFailure("connection failure"), True, None, OutcomeUnknown, "lost"),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True, None, OutcomeUnknown, "lost"),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), False, None, ProcessingError, "lost"),
+        (psycopg.OperationalError("consuming input failed"), True, "timeout", OutcomeUnknown, "within 2 s"),
+        (psycopg.OperationalError("consuming input failed"), False, "timeout", ProcessingError, "within 2 s"),
+        (psycopg.OperationalError("consuming input failed"), False, "cancel", CancelledError, ""),
+        (psycopg_pool.PoolTimeout("couldn't get a connection"), False, None, ProcessingError, "no database connection"),
+        (psycopg_pool.PoolClosed("the pool is closed"), False, None, ProcessingError, "pool is closed"),
+    ],
+)
+def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words) -> None:
+    mapped = map_error(
+        error, operation="commit", thread_id="t-1", write=write, aborted=aborted, call_timeout=timedelta(seconds=2)
+    )
+    assert type(mapped) is expected
+    assert mapped.operation == "commit"
+    if expected is not CancelledError:
+        assert "'t-1'" in mapped.message and words in mapped.message
+
+
+def test_map_error_passes_our_errors_through_and_scrubs_secrets() -> None:
+    ours = StaleClaim("t", 1, 2)
+    assert map_error(ours, operation="commit", thread_id="t", write=True) is ours
+    leaked = psycopg.errors.InternalError("password hunter2 was wrong")
+    mapped = map_error(
+        leaked, operation="claim", thread_id="t", write=True, scrub=lambda text: text.replace("hunter2", "***")
+    )
+    assert "hunter2" not in str(mapped) and "***" in str(mapped)
+
+
+# -- construction ----------------------------------------------------------------------------------------------
+
+
+def test_open_store_url_builds_a_postgres_store(harness: PgHarness) -> None:
+    store = open_store(harness.dsn, config=harness.config())
+    try:
+        assert isinstance(store, PostgresCheckpointer)
+        token = claim(store, "t").token
+        assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
+    finally:
+        store.close()
+
+
+def test_create_over_the_callers_pool_leaves_it_open_and_as_it_was(harness: PgHarness) -> None:
+    pool = psycopg_pool.ConnectionPool(harness.dsn, min_size=1, max_size=2, open=True)  # manual-commit connections
+    try:
+        store = PostgresCheckpointer.create(pool, harness.config())
+        token = claim(store, "t").token
+        store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+        assert store.latest("t").checkpoint.id == "c1"
+        assert store.pool is pool
+        store.close()
+        with pool.connection() as conn:
+            assert conn.autocommit is False
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with pytest.raises(ProcessingError, match="closed"):
+            store.latest("t")
+    finally:
+        pool.close()
+
+
+def test_create_refuses_what_is_not_a_pool() -> None:
+    with pytest.raises(ValidationError) as info:
+        PostgresCheckpointer.create("postgresql://x")  # type: ignore[arg-type]
+    assert info.value.field == "pool"
+
+
+def test_open_refuses_a_conninfo_that_is_not_text() -> None:
+    with pytest.raises(ValidationError) as info:
+        PostgresCheckpointer.open(b"postgresql://x")  # type: ignore[arg-type]
+    assert info.value.field == "conninfo"
+
+
+def test_a_mixed_case_schema_is_quoted(harness: PgHarness) -> None:
+    schema = "Tl_Mixed_" + new_schema_name()[-8:]
+    try:
+        store = harness.open_pg(schema=schema)
+        token = claim(store, "t").token
+        store.commit("t", Commit(token=token, events=[event()]))
+        with psycopg.connect(harness.dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() == (1,)
+        store.close()
+    finally:
+        drop_schema(harness.dsn, schema)
+
+
+# -- migrations -------------------------------------------------------------------------------------------------
+
+
+def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
+    harness.open()
+    harness.sibling()
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
+    assert versions == [(1,)]
+
+
+def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
+    harness.open().close()
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{harness.schema}".schema_version (version) VALUES (999)')
+    with pytest.raises(ProcessingError, match="newer"):
+        harness.open_pg()
+
+
+# -- the database decides time (seeds 003) -------------------------------------------------------------------
+
+
+def server_now(dsn: str) -> datetime:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT clock_timestamp()").fetchone()[0].astimezone(timezone.utc)
+
+
+def test_claim_expiry_and_updated_at_come_from_the_database_clock(harness: PgHarness) -> None:
+    store = harness.open()
+    ttl = timedelta(minutes=3)
+    before = server_now(harness.dsn)
+    granted = store.claim("t", ClaimRequest(holder="run-1", ttl=ttl, tenant_id="acme"))
+    store.commit("t", Commit(token=granted.token, checkpoint=checkpoint("t", "c1", None, tenant_id="acme")))
+    after = server_now(harness.dsn)
+    assert before + ttl <= granted.expires_at <= after + ttl
+    assert granted.expires_at.tzinfo == timezone.utc
+    (summary,) = store.threads(ThreadQuery(tenant_id="acme")).items
+    assert before <= summary.updated_at <= after
+    assert summary.status is ThreadStatus.RUNNING
+
+
+def test_retention_age_ignores_the_producers_created_at(harness: PgHarness) -> None:
+    """A checkpoint whose producer clock says 1970 is young by the database clock, so max_age keeps it."""
+    from threadloom import RetentionPolicy
+
+    store = harness.open()
+    token = claim(store, "t").token
+    old = datetime(1970, 1, 2, tzinfo=timezone.utc)
+    store.commit(
+        "t",
+        Commit(
+            token=token,
+            checkpoint=Checkpoint(
+                id="c1", parent=None, thread_id="t", run_id="run-1", status=CheckpointStatus.COMPLETED, created_at=old
+            ),
+            events=[EventDraft(run_id="run-1", type="old", timestamp=old)],
+        ),
+    )
+    store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c2", "c1")))
+    store.prune("t", RetentionPolicy(max_age=timedelta(hours=1)))
+    assert [cp.id for cp in store.history("t", limit=10)] == ["c2", "c1"]
+    assert [e.type for e in store.events_after("t", 0, 10)] == ["old"]
+
+
+# -- LISTEN/NOTIFY ------------------------------------------------------------------------------------------------
+
+
+def wait_in_thread(store, thread_id: str, after_seq: int, timeout: timedelta, cancel=None):
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = store.await_events_after(thread_id, after_seq, 100, timeout, cancel=cancel)
+        except ThreadloomError as error:
+            box["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    return worker, box
+
+
+def listening(store: PostgresCheckpointer) -> bool:
+    return store._listener.ready.wait(5)  # noqa: SLF001 - the test looks at the store's listener
+
+
+def test_await_wakes_on_a_commit_through_another_store(harness: PgHarness) -> None:
+    waiter, writer = harness.open(), harness.sibling()
+    token = claim(writer, "t").token
+    worker, box = wait_in_thread(waiter, "t", 0, timedelta(seconds=20))
+    time.sleep(0.3)
+    assert listening(waiter)
+    writer.commit("t", Commit(token=token, events=[event("a"), event("b")]))
+    worker.join(15)
+    assert not worker.is_alive(), "still waiting: the notification did not wake it (its timeout is 20 s)"
+    assert [e.type for e in box["value"]] == ["a", "b"]
+
+
+def test_await_wakes_on_a_delete_through_another_store(harness: PgHarness) -> None:
+    waiter, writer = harness.open(), harness.sibling()
+    token = claim(writer, "t").token
+    writer.commit("t", Commit(token=token, events=[event("a")]))
+    worker, box = wait_in_thread(waiter, "t", 1, timedelta(seconds=20))
+    time.sleep(0.3)
+    writer.delete_thread("t", token)
+    worker.join(15)
+    assert not worker.is_alive(), "still waiting: the delete did not wake it (its timeout is 20 s)"
+    assert isinstance(box.get("error"), ThreadDeleted)
+
+
+def test_await_does_not_read_while_it_waits(harness: PgHarness, monkeypatch) -> None:
+    store = harness.open()
+    reads = []
+    original = store._read_events  # noqa: SLF001
+    monkeypatch.setattr(store, "_read_events", lambda *args: reads.append(args) or original(*args))
+    assert store.await_events_after("quiet", 0, 10, timedelta(seconds=1)) == []
+    assert len(reads) <= 2, "one read, and one more when the listener came up; none while waiting"
+
+
+def test_the_listener_comes_back_after_its_backend_is_killed(harness: PgHarness) -> None:
+    waiter, writer = harness.open(), harness.sibling()
+    waiter.await_events_after("t", 0, 10, timedelta(milliseconds=10))
+    assert waiter.await_events_after("t", 0, 10, timedelta(milliseconds=200)) == []
+    assert listening(waiter)
+    old_pid = waiter._listener.backend_pid  # noqa: SLF001
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+    deadline = time.monotonic() + 10
+    while (waiter._listener.backend_pid == old_pid or not waiter._listener.ready.is_set()) and time.monotonic() < deadline:  # noqa: SLF001
+        time.sleep(0.02)
+    assert waiter._listener.backend_pid != old_pid  # noqa: SLF001
+    token = claim(writer, "t").token
+    worker, box = wait_in_thread(waiter, "t", 0, timedelta(seconds=20))
+    time.sleep(0.3)
+    writer.commit("t", Commit(token=token, events=[event("after")]))
+    worker.join(15)
+    assert not worker.is_alive(), "still waiting: the re-established listener did not wake it"
+    assert [e.type for e in box["value"]] == ["after"]
+
+
+def test_cancel_ends_a_wait_promptly_and_leaks_no_connection(harness: PgHarness) -> None:
+    store = harness.open_pg(min_size=0, max_size=2)
+    cancel = threading.Event()
+    worker, box = wait_in_thread(store, "t", 0, timedelta(seconds=30), cancel=cancel)
+    time.sleep(0.3)
+    cancel.set()
+    worker.join(10)
+    assert not worker.is_alive(), "cancel did not end the wait (its timeout is 30 s)"
+    assert isinstance(box.get("error"), CancelledError)
+    stats = store.pool.get_stats()
+    assert stats.get("pool_size", 0) == stats.get("pool_available", 0), stats
+    token = claim(store, "t").token  # the store keeps working
+    assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
+
+
+# -- secrets -----------------------------------------------------------------------------------------------------
+
+
+def test_a_dsn_password_never_reaches_an_error_or_a_log(harness: PgHarness, caplog) -> None:
+    secret = "Sup3r-S3cret-pw"
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as captured:
+        with pytest.raises(ProcessingError) as unreachable:
+            PostgresCheckpointer.open(
+                f"postgresql://postgres:{secret}@127.0.0.1:1/postgres",
+                PostgresCheckpointerConfig(schema=harness.schema, connect_timeout=timedelta(seconds=1)),
+            )
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(harness.dsn)
+        parts["password"] = secret  # the test server trusts loopback, so the password is carried but unused
+        store = PostgresCheckpointer.open(make_conninfo(**parts), harness.config())
+        drop_schema(harness.dsn, harness.schema)
+        with pytest.raises(ProcessingError) as broken:
+            store.latest("t")
+        text = " ".join([str(unreachable.value), repr(unreachable.value), str(broken.value), repr(store)])
+        store.close()
+    assert "missing" in str(broken.value)
+    assert secret not in text
+    assert secret not in caplog.text
+    assert secret not in repr(captured)
+
+
+# -- plans: every bounded read is index-backed ---------------------------------------------------------------
+
+
+def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
+    """EXPLAIN of each bounded read on a store of a few thousand threads: no sequential scan of a table.
+
+    With ``enable_seqscan`` off the planner still falls back to a scan where no index serves a query, so a
+    ``Seq Scan`` in a plan means a missing index.
+    """
+    from threadloom import RetentionPolicy, SweepPolicy, ThreadCursor
+
+    store = harness.open()
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        s = f'"{harness.schema}"'
+        conn.execute(
+            f"""INSERT INTO {s}.threads (thread_id, first_seq, next_seq, floor, next_pos, updated_at, stamped_at,
+                    latest_pos, latest_id, latest_run_id, latest_status, tenant_id, graph_id, claim_token,
+                    claim_expires, origin_parent)
+                SELECT 'x' || i, 1, 1, 1, 2, now(), now(), 1, 'c' || i, 'r' || i,
+                       (ARRAY['running','completed'])[1 + i % 2], 'acme', 'g',
+                       CASE WHEN i % 3 = 0 THEN i END, CASE WHEN i % 3 = 0 THEN now() END,
+                       CASE WHEN i % 4 = 0 THEN 'parent' END
+                FROM generate_series(1, 3000) i"""
+        )
+        conn.execute(
+            f"""INSERT INTO {s}.checkpoints SELECT 'x' || i, 1, 'c' || i, 'r' || i, 'running', now(), 1,
+                    json_build_object('id', 'c' || i, 'parent', NULL, 'thread_id', 'x' || i, 'run_id', 'r' || i,
+                        'status', 'running', 'created_at', 0, 'state', json_build_object(), 'graph_id', 'g',
+                        'tenant_id', 'acme', 'fencing_token', NULL, 'origin', NULL, 'metadata', json_build_object()
+                    )::text
+                FROM generate_series(1, 3000) i"""
+        )
+        conn.execute(f"INSERT INTO {s}.children SELECT 'parent', 'x' || i, i FROM generate_series(4, 3000, 4) i")
+        conn.execute(f"ANALYZE {s}.threads; ANALYZE {s}.checkpoints; ANALYZE {s}.children")
+    captured: list[tuple[str, str, list]] = []
+    original = store._call  # noqa: SLF001
+
+    def capture(operation, thread_id, statement, params, **kwargs):
+        if not kwargs.get("write"):
+            captured.append((operation, statement, list(params)))
+        return original(operation, thread_id, statement, params, **kwargs)
+
+    store._call = capture  # noqa: SLF001
+    store.latest("x8")
+    store.history("x8", limit=10)
+    store.history("x8", limit=10, before="c8")
+    store.children("parent", limit=10)
+    store.children("parent", limit=10, after="x8")
+    store.events_after("x8", 0, 10)
+    store.effect("x8", "k")
+    store.lookup_run("x8", ["r8", "r9"])
+    store.threads(ThreadQuery(tenant_id="acme"))
+    store.threads(ThreadQuery(tenant_id="acme", statuses={ThreadStatus.IDLE, ThreadStatus.RUNNING}))
+    store.threads(ThreadQuery(tenant_id=None, after=ThreadCursor(updated_at=NOW, thread_id="x1")))
+    store.incomplete("acme", limit=10)
+    store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=3)), None, after="x5")
+    store._call = original  # noqa: SLF001
+    assert {operation for operation, _, _ in captured} >= {
+        "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep"
+    }
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        cursor = psycopg.ClientCursor(conn)
+        for operation, statement, params in captured:
+            plan = "\n".join(
+                row[0] for row in conn.execute("EXPLAIN " + cursor.mogrify(statement, params)).fetchall()
+            )
+            assert "Seq Scan" not in plan, f"{operation} scans a table:\n{plan}"
+            if operation in ("latest", "history"):  # a thread's history is reached by (thread_id, pos) only
+                assert "checkpoints_pkey" in plan and "Filter: (pos" not in plan, plan

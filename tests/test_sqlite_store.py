@@ -1,0 +1,694 @@
+"""What is particular to the SQLite store (DESIGN §3 "Stores"): its file, schema, errors, threads and indexes.
+
+The contract itself is checked by ``test_sqlite_contract.py`` and ``test_sqlite_differential.py``; these tests
+look at the file through a raw sqlite3 connection, damage it, lock it, open bad paths, and read the query plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import threadloom
+from threadloom import open_store
+from threadloom.domain.clock import ManualClock
+from threadloom.domain.errors import OutcomeUnknown, ProcessingError, ValidationError
+from threadloom.domain.values import (
+    Checkpoint,
+    CheckpointOrigin,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventDraft,
+    PendingWrite,
+    RetentionPolicy,
+    SweepPolicy,
+    ThreadQuery,
+    ThreadStatus,
+)
+from threadloom.persistence import codec
+from threadloom.persistence import sqlite as sqlite_store
+from threadloom.persistence.sqlite import SYNCHRONOUS, SqliteCheckpointer
+from threadloom.testing.harness import START
+
+LONG = timedelta(hours=1)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+def path(tmp_path: pathlib.Path) -> str:
+    return str(tmp_path / "store.db")
+
+
+@pytest.fixture
+def store(path: str, clock: ManualClock) -> Iterator[SqliteCheckpointer]:
+    with SqliteCheckpointer.open(path, clock=clock) as opened:
+        yield opened
+
+
+def raw(path: str) -> sqlite3.Connection:
+    """A plain sqlite3 connection to the store's file, outside the store."""
+    return sqlite3.connect(path, isolation_level=None, timeout=10)
+
+
+class Thread:
+    """Claims a thread of ``store`` and commits steps to it."""
+
+    def __init__(self, store: SqliteCheckpointer, clock: ManualClock, thread_id: str, **claim: Any) -> None:
+        self.store, self.clock, self.thread_id = store, clock, thread_id
+        self.token = store.claim(thread_id, ClaimRequest(holder="run-1", ttl=LONG, **claim)).token
+        self.latest: str | None = None
+        self.count = 0
+
+    def step(
+        self,
+        *,
+        events: int = 1,
+        run_id: str = "run-1",
+        status: CheckpointStatus = CheckpointStatus.RUNNING,
+        origin: str | None = None,
+        tenant_id: str | None = None,
+        **extra: Any,
+    ) -> str:
+        self.count += 1
+        cid = f"{self.thread_id}-c{self.count}"
+        cp = Checkpoint(
+            id=cid,
+            parent=self.latest,
+            thread_id=self.thread_id,
+            run_id=run_id,
+            status=status,
+            created_at=self.clock.now(),
+            state={"n": self.count},
+            tenant_id=tenant_id,
+            origin=CheckpointOrigin(parent_thread=origin) if origin else None,
+        )
+        drafts = [EventDraft(run_id=run_id, type="e", timestamp=self.clock.now(), payload=i) for i in range(events)]
+        self.store.commit(self.thread_id, Commit(token=self.token, checkpoint=cp, events=drafts, **extra))
+        self.latest = cid
+        return cid
+
+
+# -- the file ----------------------------------------------------------------------------------------------------
+
+
+def test_file_is_in_wal_mode_with_the_chosen_synchronous(path: str, store: SqliteCheckpointer) -> None:
+    assert raw(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert SYNCHRONOUS == "NORMAL"
+    store.latest("t")  # a connection in the pool
+    levels = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+    assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in store._idle] == [levels[SYNCHRONOUS]]
+    with SqliteCheckpointer.open(path, synchronous="full") as durable:
+        durable.latest("t")
+        assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in durable._idle] == [2]
+
+
+def test_schema_version_is_recorded_once(path: str, clock: ManualClock) -> None:
+    for _ in range(3):
+        SqliteCheckpointer.open(path, clock=clock).close()
+    rows = raw(path).execute("SELECT version, applied_at FROM schema_version ORDER BY version").fetchall()
+    assert rows == [(version, codec.to_micros(START)) for version in range(1, sqlite_store.SCHEMA_VERSION + 1)]
+
+
+def test_a_file_of_a_newer_schema_is_refused(path: str, clock: ManualClock) -> None:
+    SqliteCheckpointer.open(path, clock=clock).close()
+    raw(path).execute("INSERT INTO schema_version VALUES (?, 0)", (sqlite_store.SCHEMA_VERSION + 1,))
+    with pytest.raises(ProcessingError) as info:
+        SqliteCheckpointer.open(path, clock=clock)
+    assert info.value.operation == "open"
+    assert "newer" in info.value.message
+
+
+def test_times_are_integer_microseconds_of_the_store_clock(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+    clock.advance(timedelta(seconds=3, microseconds=7))
+    thread.step(effects=[EffectRecord(key="k", run_id="run-1", recorded_at=clock.now())])
+    now = codec.to_micros(clock.now())
+    conn = raw(path)
+    assert conn.execute("SELECT typeof(committed_at), committed_at FROM checkpoints").fetchall() == [("integer", now)]
+    assert conn.execute("SELECT typeof(committed_at), committed_at FROM events").fetchall() == [("integer", now)]
+    assert conn.execute("SELECT typeof(updated_at), updated_at, typeof(claim_expires), claim_expires FROM threads").fetchall() == [
+        ("integer", now, "integer", codec.to_micros(START + LONG))
+    ]
+    store.delete_thread("t", thread.token)
+    assert conn.execute("SELECT typeof(deleted_at), deleted_at FROM threads").fetchall() == [("integer", now)]
+    # Every time column of every table holds integers or NULL, never text.
+    for table, column in [("threads", "claim_expires"), ("threads", "updated_at"), ("threads", "deleted_at"),
+                          ("checkpoints", "committed_at"), ("events", "committed_at"), ("schema_version", "applied_at")]:
+        kinds = {kind for (kind,) in conn.execute(f"SELECT DISTINCT typeof({column}) FROM {table}")}
+        assert kinds <= {"integer", "null"}, (table, column, kinds)
+
+
+def test_counter_mark_claims_and_places_live_in_the_file(path: str, clock: ManualClock) -> None:
+    with SqliteCheckpointer.open(path, clock=clock) as first:
+        child = Thread(first, clock, "kid")
+        child.step(events=3, origin="parent")
+        first.delete_thread("kid", child.token)
+        clock.advance(timedelta(minutes=5))
+        page = first.sweep(SweepPolicy(tombstone_age=timedelta(minutes=1)), None)
+        assert page.reclaimed == ("kid",)
+        other = Thread(first, clock, "other")
+        other.step(origin="parent")
+    with SqliteCheckpointer.open(path, clock=clock) as second:
+        assert raw(path).execute("SELECT last_token, mark FROM store").fetchone() == (other.token, 5)
+        assert second.claim("third", ClaimRequest(holder="r", ttl=LONG)).token == other.token + 1
+        assert second.commit("other", Commit(token=other.token, events=[
+            EventDraft(run_id="r", type="e", timestamp=clock.now())]))[0].seq == 6
+        assert second.children("parent", limit=10) == ["other"]
+        with pytest.raises(threadloom.ThreadDeleted):
+            second.events_after("kid", 2, 10)
+
+
+def test_closing_every_store_closes_every_connection(path: str, clock: ManualClock) -> None:
+    stores = [SqliteCheckpointer.open(path, clock=clock) for _ in range(2)]
+    threads = [Thread(stores[0], clock, f"t{i}") for i in range(8)]
+
+    def work(index: int) -> None:
+        for _ in range(5):
+            threads[index].step()
+            stores[index % 2].history(f"t{index}", limit=5)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for opened in stores:
+        opened.close()
+    # SQLite removes the write-ahead log when the file's last connection closes.
+    assert not os.path.exists(path + "-wal")
+
+
+# -- opening bad paths ---------------------------------------------------------------------------------------------
+
+
+def test_a_directory_is_refused_as_a_path(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValidationError) as info:
+        SqliteCheckpointer.open(tmp_path)
+    assert info.value.field == "path"
+    assert "directory" in str(info.value)
+
+
+def test_a_missing_directory_is_a_processing_error_without_a_sqlite_traceback(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "missing" / "store.db"
+    with pytest.raises(ProcessingError) as info:
+        SqliteCheckpointer.open(target)
+    error = info.value
+    assert error.operation == "open"
+    assert str(target) in error.message and "directory exists" in error.message
+    assert error.__cause__ is None and error.__suppress_context__
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "notes.db"
+    content = b"these are my notes, not a database\n" * 200
+    target.write_bytes(content)
+    with pytest.raises(ProcessingError) as info:
+        SqliteCheckpointer.open(target)
+    assert info.value.operation == "open"
+    assert "not a SQLite database" in info.value.message
+    assert info.value.__cause__ is None
+    assert target.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"path": 3}, "path"),
+        ({"path": None}, "path"),
+        ({"path": b"store.db"}, "path"),
+        ({"path": ""}, "path"),
+        ({"path": ":memory:"}, "path"),
+        ({"path": "file:store.db?mode=memory"}, "path"),
+        ({"path": "a\x00b.db"}, "path"),
+        ({"busy_timeout": timedelta(0)}, "busy_timeout"),
+        ({"busy_timeout": 5}, "busy_timeout"),
+        ({"clock": object()}, "clock"),
+        ({"synchronous": "SOMETIMES"}, "synchronous"),
+        ({"synchronous": 1}, "synchronous"),
+    ],
+)
+def test_bad_open_arguments_are_validation_errors(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any], field: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    options = {"path": str(tmp_path / "store.db"), **arguments}
+    with pytest.raises(ValidationError) as info:
+        SqliteCheckpointer.open(options.pop("path"), **options)
+    assert info.value.field == field
+    assert os.listdir(tmp_path) == []  # nothing created
+
+
+def test_direct_construction_is_refused() -> None:
+    with pytest.raises(TypeError):
+        SqliteCheckpointer("x.db", ManualClock(START), timedelta(seconds=1), "NORMAL", None)  # type: ignore[arg-type]
+
+
+def test_open_store_builds_a_sqlite_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    clock = ManualClock(START)
+    with open_store("sqlite:///relative.db", clock=clock) as relative:
+        assert isinstance(relative, SqliteCheckpointer)
+        assert relative.path == str(tmp_path / "relative.db")
+    with open_store(f"sqlite:///{tmp_path / 'absolute.db'}", busy_timeout=timedelta(seconds=1)) as absolute:
+        assert absolute.path == str(tmp_path / "absolute.db")
+    with open_store("sqlite://") as default:
+        assert default.path == str(tmp_path / "threadloom.db")
+    assert threadloom.SqliteCheckpointer is SqliteCheckpointer and "SqliteCheckpointer" in threadloom.__all__
+
+
+# -- damaged rows --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("damage", "call"),
+    [
+        ("UPDATE checkpoints SET body = '{not json'", lambda s: s.latest("victim")),
+        ("UPDATE checkpoints SET body = '{not json'", lambda s: s.history("victim", limit=10)),
+        ("UPDATE checkpoints SET body = '[1, 2]'", lambda s: s.checkpoint("victim", "victim-c1")),
+        ("UPDATE checkpoints SET body = '{\"id\": 1}'", lambda s: s.lookup_run("victim", ["run-1"])),
+        ("UPDATE pending SET body = 'null'", lambda s: s.latest("victim")),
+        ("UPDATE events SET body = '{'", lambda s: s.events_after("victim", 0, 10)),
+        ("UPDATE effects SET body = '\"text\"'", lambda s: s.effect("victim", "k")),
+        ("UPDATE threads SET metadata = '{' WHERE thread_id = 'victim'", lambda s: s.threads(ThreadQuery(tenant_id=None))),
+        ("UPDATE threads SET metadata = '[1]' WHERE thread_id = 'victim'", lambda s: s.commit(
+            "victim", Commit(token=1, metadata={"x": "y"}))),
+        ("UPDATE threads SET latest_status = 'sleepy' WHERE thread_id = 'victim'",
+         lambda s: s.threads(ThreadQuery(tenant_id=None))),
+    ],
+)
+def test_a_damaged_row_is_a_processing_error_naming_the_thread(
+    path: str, store: SqliteCheckpointer, clock: ManualClock, damage: str, call: Callable[[Any], Any]
+) -> None:
+    victim = Thread(store, clock, "victim")
+    assert victim.token == 1
+    victim.step(
+        pending_writes=[PendingWrite(checkpoint_id="victim-c1", task_id="t", node_id="n")],
+        effects=[EffectRecord(key="k", run_id="run-1", recorded_at=clock.now())],
+        metadata={"m": "1"},
+    )
+    raw(path).execute(damage)
+    with pytest.raises(ProcessingError) as info:
+        call(store)
+    assert "'victim'" in info.value.message
+    assert type(info.value) is ProcessingError
+
+
+# -- driver errors, mapped in one place ------------------------------------------------------------------------------
+
+
+def test_a_writer_holding_the_file_past_the_busy_timeout_is_a_processing_error(
+    path: str, clock: ManualClock
+) -> None:
+    with SqliteCheckpointer.open(path, clock=clock, busy_timeout=timedelta(milliseconds=200)) as store:
+        thread = Thread(store, clock, "t")
+        thread.step(events=2)
+        holder = raw(path)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(ProcessingError) as info:
+                store.claim("u", ClaimRequest(holder="r", ttl=LONG))
+            assert type(info.value) is ProcessingError  # nothing was in flight: not OutcomeUnknown
+            assert info.value.operation == "claim"
+            assert "'u'" in info.value.message and "busy timeout" in info.value.message
+            # Readers never wait for a writer (WAL): one snapshot, the last committed state.
+            assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2]
+            assert store.latest("t").checkpoint.id == thread.latest  # type: ignore[union-attr]
+        finally:
+            holder.execute("ROLLBACK")
+        assert store.claim("u", ClaimRequest(holder="r", ttl=LONG)).token == thread.token + 1
+
+
+def _arm_on(conn: sqlite3.Connection, statement: str) -> dict[str, bool]:
+    """Makes ``conn`` fail with SQLITE_INTERRUPT once it starts running ``statement``: a real driver failure."""
+    armed = {"on": False}
+
+    def trace(sql: str) -> None:
+        if sql.strip().upper().startswith(statement):
+            armed["on"] = True
+
+    conn.set_trace_callback(trace)
+    conn.set_progress_handler(lambda: 1 if armed["on"] else 0, 1)
+    return armed
+
+
+def test_a_failure_of_the_commit_statement_is_outcome_unknown(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    thread = Thread(store, clock, "t")
+    (conn,) = store._idle
+    armed = _arm_on(conn, "COMMIT")
+    with pytest.raises(OutcomeUnknown) as info:
+        store.commit("t", Commit(token=thread.token, events=[EventDraft(run_id="r", type="e", timestamp=clock.now())]))
+    assert info.value.operation == "commit" and "'t'" in info.value.message
+    armed["on"] = False
+    assert store._idle == []  # the failed connection was not pooled again
+    assert store.events_after("t", 0, 10) == []  # here it did not apply; the store is still usable
+    assert len(store.commit("t", Commit(token=thread.token, events=[
+        EventDraft(run_id="r", type="e", timestamp=clock.now())]))) == 1
+
+
+def test_a_failure_before_the_commit_statement_is_a_plain_processing_error(
+    store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+    (conn,) = store._idle
+    _arm_on(conn, "INSERT INTO EVENTS")
+    with pytest.raises(ProcessingError) as info:
+        store.commit("t", Commit(token=thread.token, events=[EventDraft(run_id="r", type="e", timestamp=clock.now())]))
+    assert type(info.value) is ProcessingError
+    assert store.events_after("t", 0, 10) == []
+
+
+def test_a_read_only_connection_is_a_processing_error(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    store.latest("t")
+    (conn,) = store._idle
+    conn.execute("PRAGMA query_only = ON")
+    with pytest.raises(ProcessingError) as info:
+        store.claim("t", ClaimRequest(holder="r", ttl=LONG))
+    assert type(info.value) is ProcessingError and "read-only" in info.value.message
+
+
+def test_the_error_mapping_classifies_real_driver_errors(tmp_path: pathlib.Path, store: SqliteCheckpointer) -> None:
+    def caught(call: Callable[[], Any]) -> sqlite3.Error:
+        with pytest.raises(sqlite3.Error) as info:
+            call()
+        return info.value
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"x" * 4096)
+    locked = raw(str(tmp_path / "locked.db"))
+    locked.execute("PRAGMA journal_mode = WAL")
+    locked.execute("CREATE TABLE t (x)")
+    locked.execute("BEGIN IMMEDIATE")
+    waiter = sqlite3.connect(str(tmp_path / "locked.db"), timeout=0, isolation_level=None)
+    read_only = raw(str(tmp_path / "ro.db"))
+    read_only.execute("PRAGMA query_only = ON")
+    cases = {
+        "not a SQLite database": caught(lambda: sqlite3.connect(garbage).execute("SELECT * FROM sqlite_master")),
+        "directory exists": caught(lambda: sqlite3.connect(tmp_path / "no" / "such.db")),
+        "busy timeout": caught(lambda: waiter.execute("BEGIN IMMEDIATE")),
+        "read-only": caught(lambda: read_only.execute("CREATE TABLE t (x)")),
+        "SQLite failed": caught(lambda: read_only.execute("SELECT * FROM no_such_table")),
+    }
+    for expected, error in cases.items():
+        mapped = store._failure(error, "claim", "t")
+        assert type(mapped) is ProcessingError and expected in mapped.message and "'t'" in mapped.message, mapped
+        in_flight = store._failure(error, "commit", "t", committing=True)
+        assert type(in_flight) is OutcomeUnknown and in_flight.operation == "commit"
+    locked.execute("ROLLBACK")
+
+
+# -- threads of one process ------------------------------------------------------------------------------------------
+
+
+def test_eight_threads_commit_through_two_stores_with_contiguous_numbers(path: str, clock: ManualClock) -> None:
+    stores = [SqliteCheckpointer.open(path, clock=clock) for _ in range(2)]
+    shared = stores[0].claim("shared", ClaimRequest(holder="r", ttl=LONG)).token
+    own = [Thread(stores[i % 2], clock, f"own{i}") for i in range(8)]
+    returned: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            seqs = []
+            for n in range(25):
+                own[index].step(events=2)
+                records = stores[index % 2].commit("shared", Commit(token=shared, events=[
+                    EventDraft(run_id="r", type="e", timestamp=clock.now(), payload=[index, n, k]) for k in range(1 + n % 3)
+                ]))
+                seqs += [record.seq for record in records]
+            returned[index] = seqs
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors
+    read = [record.seq for record in stores[1].events_after("shared", 0, 10_000)]
+    assert read == list(range(1, len(read) + 1)) == sorted(itertools.chain(*returned.values()))
+    for seqs in returned.values():
+        assert seqs == sorted(seqs)
+    for index, thread in enumerate(own):
+        assert [r.seq for r in stores[index % 2].events_after(thread.thread_id, 0, 1000)] == list(range(1, 51))
+        assert len(stores[0].history(thread.thread_id, limit=1000)) == 25
+    for opened in stores:
+        opened.close()
+
+
+# -- indexes (DESIGN §3 rule 9) ------------------------------------------------------------------------------------
+
+_ALLOWED_PLAN = re.compile(
+    r"^(SEARCH (?!.*\bUSING (TEMP|AUTOMATIC))"
+    r"|COMPOUND QUERY|LEFT-MOST SUBQUERY|UNION ALL|CO-ROUTINE|SCAN \(subquery-\d+\)|SCAN CONSTANT ROW"
+    r"|(CORRELATED )?SCALAR SUBQUERY|LIST SUBQUERY|SCAN (j|json_each) VIRTUAL TABLE)"
+)
+
+
+def _plan(conn: sqlite3.Connection, sql: str) -> list[str]:
+    names = set(re.findall(r":(\w+)", sql))
+    if names:
+        params: Any = {name: "[]" if name == "runs" else 1 for name in names}
+    else:
+        count = max([int(n) for n in re.findall(r"\?(\d+)", sql)] or [sql.count("?")])
+        params = ["[]" if "json_each" in sql else 1] * count
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+
+def _registry_statements() -> Iterator[str]:
+    columns = sqlite_store._REGISTRY_COLUMNS
+    base = " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"
+    optional = [
+        " AND (updated_at, thread_id) < (:after_at, :after_id)",
+        " AND updated_at >= :since",
+        " AND latest_graph_id = :graph",
+        f" AND {sqlite_store._SQL_STATUS} IN (:s0, :s1)",
+    ]
+    for mask in itertools.product([False, True], repeat=len(optional)):
+        extra = "".join(part for part, on in zip(optional, mask) if on)
+        yield columns + base + extra + " ORDER BY updated_at DESC, thread_id DESC LIMIT :limit"
+    for cursor in ("", " AND (updated_at, thread_id) > (:after_at, :after_id)"):
+        yield sqlite_store._SQL_INCOMPLETE + cursor + " ORDER BY updated_at, thread_id LIMIT :limit"
+
+
+def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCheckpointer) -> None:
+    conn = raw(path)
+    statements = {
+        name: sql
+        for name, sql in vars(sqlite_store).items()
+        if name.startswith("_SQL_") and name not in ("_SQL_STATUS", "_SQL_INCOMPLETE")
+    }
+    statements.update({f"registry{i}": sql for i, sql in enumerate(_registry_statements())})
+    assert len(statements) > 60
+    bad = {}
+    for name, sql in statements.items():
+        plan = _plan(conn, sql)
+        wrong = [line for line in plan if not _ALLOWED_PLAN.match(line)]
+        if wrong:
+            bad[name] = plan
+    assert not bad, bad
+    expected = {
+        "_SQL_HISTORY": "USING PRIMARY KEY (thread_id=?)",
+        "_SQL_HISTORY_BEFORE": "USING PRIMARY KEY (thread_id=? AND position<?)",
+        "_SQL_LATEST": "USING PRIMARY KEY (thread_id=?)",
+        "_SQL_CHECKPOINT": "checkpoints_id (thread_id=? AND id=?)",
+        "_SQL_LOOKUP_RUN": "checkpoints_run (thread_id=? AND run_id=?)",
+        "_SQL_CHILDREN": "children_listed (parent=? AND place>?)",
+        "_SQL_EVENTS": "events USING PRIMARY KEY (thread_id=? AND seq>?)",
+        "_SQL_SWEEP_PAGE": "threads USING PRIMARY KEY (thread_id>?)",
+        "_SQL_PRUNE_BY_AGE": "checkpoints_age (thread_id=? AND committed_at<?)",
+        "_SQL_NEWEST_EXPIRED_EVENT": "events_age (thread_id=? AND committed_at<?)",
+        "_SQL_NEWEST_SETTLED": "checkpoints_settled (thread_id=?)",
+        "registry0": "threads_registry (latest_tenant=?)",
+        "registry15": "threads_registry (latest_tenant=?",
+        "registry16": "threads_incomplete (latest_tenant=?)",
+        "registry17": "threads_incomplete (latest_tenant=? AND (updated_at,thread_id)>(?,?))",
+    }
+    for name, fragment in expected.items():
+        assert any(fragment in line for line in _plan(conn, statements[name])), (name, _plan(conn, statements[name]))
+
+
+class _Steps:
+    """Counts the SQLite virtual-machine steps of the store's calls: the cost of a call, independent of time."""
+
+    def __init__(self, store: SqliteCheckpointer) -> None:
+        store.latest("warm-up")
+        (self.conn,) = store._idle
+        self.count = 0
+
+    def __call__(self, call: Callable[[], Any]) -> int:
+        self.count = 0
+
+        def tick() -> int:
+            self.count += 1
+            return 0
+
+        self.conn.set_progress_handler(tick, 1)
+        try:
+            call()
+        finally:
+            self.conn.set_progress_handler(None, 1)
+        return self.count
+
+
+def test_reads_of_a_long_history_cost_what_they_cost_on_a_short_one(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    short, long = Thread(store, clock, "short"), Thread(store, clock, "long")
+    for thread, size in ((short, 150), (long, 3000)):
+        for n in range(size):
+            thread.step(run_id=f"run-{n % 7}", events=1, status=CheckpointStatus.COMPLETED if n % 50 == 0 else CheckpointStatus.RUNNING,
+                        effects=[EffectRecord(key=f"k{n}", run_id="r", recorded_at=clock.now())] if n % 10 == 0 else ())
+    steps = _Steps(store)
+    calls: dict[str, Callable[[str, Thread], Any]] = {
+        "latest": lambda t, th: store.latest(t),
+        "checkpoint": lambda t, th: store.checkpoint(t, f"{t}-c{th.count - 120}"),
+        "history": lambda t, th: store.history(t, limit=100),
+        "history before": lambda t, th: store.history(t, limit=20, before=f"{t}-c{th.count - 100}"),
+        "lookup_run": lambda t, th: store.lookup_run(t, ["run-3", "run-5", "nobody"]),
+        "events_after": lambda t, th: store.events_after(t, th.count - 100, 100),
+        "effect": lambda t, th: store.effect(t, "k100"),
+        "commit": lambda t, th: th.step(events=2),
+        "retract commit": lambda t, th: (th.step(status=CheckpointStatus.COMPLETED), th.step(retract_turn=True)),
+        "prune that keeps all": lambda t, th: store.prune(t, RetentionPolicy(max_checkpoints=1_000_000)),
+        "prune by an age nothing has": lambda t, th: store.prune(t, RetentionPolicy(max_age=timedelta(days=365))),
+        "prune by event count": lambda t, th: store.prune(t, RetentionPolicy(max_events=th.count)),
+    }
+    for name, call in calls.items():
+        cost = {thread.thread_id: steps(lambda: call(thread.thread_id, thread)) for thread in (short, long)}
+        assert cost["long"] <= cost["short"] * 1.5 + 200, (name, cost)
+
+
+def test_registry_sweep_and_children_pages_cost_the_same_over_many_threads(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    def populate(prefix: str, count: int, tenant: str) -> None:
+        for n in range(count):
+            thread = Thread(store, clock, f"{prefix}{n:05d}", tenant_id=tenant)
+            thread.step(tenant_id=tenant, status=CheckpointStatus.RUNNING if n % 2 else CheckpointStatus.COMPLETED)
+            store.release(thread.thread_id, thread.token)
+            kid = Thread(store, clock, f"{prefix}{n:05d}-kid")
+            kid.step(origin=f"{prefix}-parent")
+            if n % 4:
+                store.delete_thread(kid.thread_id, kid.token)  # tombstoned children keep their place, unlisted
+            clock.advance(timedelta(seconds=1))
+
+    populate("few", 20, "few")
+    populate("many", 1000, "many")
+    steps = _Steps(store)
+    for name, call in {
+        "threads": lambda p: store.threads(ThreadQuery(tenant_id=p, limit=10)),
+        "threads by status": lambda p: store.threads(ThreadQuery(tenant_id=p, limit=5, statuses=frozenset({ThreadStatus.IDLE}))),
+        "threads after": lambda p: store.threads(ThreadQuery(tenant_id=p, limit=10, after=store.threads(
+            ThreadQuery(tenant_id=p, limit=10)).next)),
+        "incomplete": lambda p: store.incomplete(p, limit=5),
+        "children": lambda p: store.children(f"{p}-parent", limit=3),
+        "sweep page": lambda p: store.sweep(SweepPolicy(batch_size=10, retention=RetentionPolicy(max_checkpoints=1)), None, after=p),
+    }.items():
+        cost = {p: steps(lambda: call(p)) for p in ("few", "many")}
+        assert cost["many"] <= cost["few"] * 1.5 + 300, (name, cost)
+
+
+# -- group commit ------------------------------------------------------------------------------------------------
+
+
+def _batched(store: SqliteCheckpointer, calls: list[Callable[[], Any]]) -> tuple[list[Any], Callable[[], None]]:
+    """Queues ``calls`` on threads so that the first runs alone and the rest share the next batch.
+
+    Returns the outcome slots (filled once ``finish`` has been called) and ``finish``, which lets them run and
+    waits for them.
+    """
+    outcomes: list[Any] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        try:
+            outcomes[index] = ("ok", calls[index]())
+        except Exception as error:  # the outcome under test
+            outcomes[index] = ("error", error)
+
+    def wait_until(condition: Callable[[], bool]) -> None:
+        for _ in range(10_000):
+            if condition():
+                return
+            threading.Event().wait(0.001)
+        raise AssertionError("the writes did not queue up")
+
+    store._write_lock.acquire()  # holds every batch of this store at its start
+    workers = [threading.Thread(target=run, args=(0,))]
+    workers[0].start()
+    wait_until(lambda: store._leading and not store._queue)  # the first leads a batch of its own
+    for index in range(1, len(calls)):
+        workers.append(threading.Thread(target=run, args=(index,)))
+        workers[-1].start()
+    wait_until(lambda: len(store._queue) == len(calls) - 1)
+
+    def finish() -> None:
+        store._write_lock.release()
+        for worker in workers:
+            worker.join(timeout=60)
+
+    return outcomes, finish
+
+
+def test_a_refused_write_in_a_batch_rolls_back_alone(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    threads = [Thread(store, clock, f"t{i}") for i in range(4)]
+    for thread in threads:
+        thread.step(events=0)
+
+    def commit(index: int, token: int) -> Callable[[], Any]:
+        return lambda: store.commit(f"t{index}", Commit(token=token, events=[
+            EventDraft(run_id="r", type="e", timestamp=clock.now())] * 2, metadata={"i": str(index)}))
+
+    outcomes, finish = _batched(store, [
+        commit(0, threads[0].token), commit(1, threads[1].token), commit(2, 999), commit(3, threads[3].token)])
+    finish()
+    assert [kind for kind, _ in outcomes] == ["ok", "ok", "error", "ok"]
+    assert isinstance(outcomes[2][1], threadloom.StaleClaim)
+    for index in (0, 1, 3):
+        assert [r.seq for r in store.events_after(f"t{index}", 0, 10)] == [1, 2]
+    assert store.events_after("t2", 0, 10) == []
+    assert [s.metadata for s in store.threads(ThreadQuery(tenant_id=None)).items if s.thread_id == "t2"] == [{}]
+
+
+def test_a_failed_commit_of_a_batch_is_outcome_unknown_for_each_write_it_held(
+    store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    threads = [Thread(store, clock, f"t{i}") for i in range(4)]
+    (conn,) = store._idle
+    commits = {"seen": 0}
+
+    def trace(sql: str) -> None:
+        if sql.strip().upper() == "COMMIT":
+            commits["seen"] += 1
+
+    conn.set_trace_callback(trace)
+    conn.set_progress_handler(lambda: 1 if commits["seen"] == 2 else 0, 1)  # the second COMMIT fails
+
+    def commit(index: int, token: int) -> Callable[[], Any]:
+        return lambda: store.commit(f"t{index}", Commit(token=token, events=[
+            EventDraft(run_id="r", type="e", timestamp=clock.now())]))
+
+    outcomes, finish = _batched(store, [
+        commit(0, threads[0].token), commit(1, threads[1].token), commit(2, 999), commit(3, threads[3].token)])
+    finish()
+    assert outcomes[0][0] == "ok"
+    assert type(outcomes[1][1]) is OutcomeUnknown and "'t1'" in outcomes[1][1].message
+    assert isinstance(outcomes[2][1], threadloom.StaleClaim)  # refused before the COMMIT: its own outcome
+    assert type(outcomes[3][1]) is OutcomeUnknown and "'t3'" in outcomes[3][1].message
+    assert [len(store.events_after(f"t{i}", 0, 10)) for i in range(4)] == [1, 0, 0, 0]
