@@ -17,6 +17,15 @@ from threadloom.domain.errors import ValidationError
 MAX_ID_LENGTH = 255
 """Longest id, in characters (DESIGN §2)."""
 
+MAX_INT = 2**63 - 1
+"""Largest integer argument a store takes (tokens, sequence numbers, limits, entry ids): every store keeps 64 bits."""
+
+MAX_DURATION = timedelta(days=36_500)
+"""Longest duration a store takes (ttl, ages, timeouts, delays): 100 years, so no clock arithmetic overflows."""
+
+MAX_JSON_INT_BITS = 4096
+"""Largest integer inside a JSON value, in bits (about 1,233 digits): larger ones do not encode portably."""
+
 MAX_JSON_DEPTH = 256
 """Deepest nesting of a JSON value; deeper values are refused rather than overflowing the encoder."""
 
@@ -84,6 +93,8 @@ def check_positive_duration(field: str, value: Any) -> timedelta:
         raise ValidationError(field, (f"must be a timedelta, got {type(value).__name__}",))
     if value <= timedelta(0):
         raise ValidationError(field, (f"must be greater than zero, got {value}",))
+    if value > MAX_DURATION:
+        raise ValidationError(field, (f"must be at most {MAX_DURATION.days} days, got {value}",))
     return value
 
 
@@ -93,16 +104,22 @@ def check_non_negative_duration(field: str, value: Any) -> timedelta:
         raise ValidationError(field, (f"must be a timedelta, got {type(value).__name__}",))
     if value < timedelta(0):
         raise ValidationError(field, (f"must not be negative, got {value}",))
+    if value > MAX_DURATION:
+        raise ValidationError(field, (f"must be at most {MAX_DURATION.days} days, got {value}",))
     return value
 
 
 def check_int(field: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
-    """Validates an ``int`` (never a ``bool``) within ``low..high`` inclusive."""
+    """Validates an ``int`` (never a ``bool``) within ``low..high`` inclusive; ``high`` defaults to 2**63 - 1."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValidationError(field, (f"must be an int, got {type(value).__name__}",))
+    if high is None:
+        high = MAX_INT
+    if low is None and value < -MAX_INT - 1:
+        raise ValidationError(field, (f"must be at least {-MAX_INT - 1}, got {value}",))
     if low is not None and value < low:
         raise ValidationError(field, (f"must be at least {low}, got {value}",))
-    if high is not None and value > high:
+    if value > high:
         raise ValidationError(field, (f"must be at most {high}, got {value}",))
     return value
 
@@ -127,7 +144,8 @@ def check_json(field: str, value: Any) -> Any:
 
     Raises:
         ValidationError: naming ``field`` and the path of the first bad part (NaN, infinity, bytes, sets,
-            objects, non-string keys, NUL-free surrogate-free strings only, nesting deeper than 256).
+            objects, non-string keys, strings with surrogate code points, integers over 4096 bits, nesting
+            deeper than 256). NUL inside JSON strings is allowed: it is escaped in the stored text.
     """
     stack: list[tuple[Any, str, int]] = [(value, field, 0)]
     while stack:
@@ -143,6 +161,8 @@ def check_json(field: str, value: Any) -> Any:
         if isinstance(item, int):
             if type(item) is not int and not isinstance(item, bool):
                 raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON number",))
+            if item.bit_length() > MAX_JSON_INT_BITS:
+                raise ValidationError(field, (f"{path}: integer of more than {MAX_JSON_INT_BITS} bits",))
             continue
         if isinstance(item, float):
             if type(item) is not float:

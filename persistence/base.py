@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import CancelledError, ProcessingError, ValidationError
@@ -55,6 +57,14 @@ def check_commit(thread_id: str, commit: Any) -> Commit:
             fence names the thread itself.
     """
     _instance("commit", commit, Commit)
+    # Validate again, nested values included: the caller may have changed a dict it still holds (a state, a
+    # payload) since it built the commit, and nothing unvalidated may reach storage.
+    attrs.validate(commit)
+    for part in (commit.checkpoint, *commit.pending_writes, *commit.events, *commit.effects):
+        if part is not None:
+            attrs.validate(part)
+            if part is commit.checkpoint and part.origin is not None:
+                attrs.validate(part.origin)
     cp = commit.checkpoint
     if cp is not None:
         if cp.thread_id != thread_id:
@@ -137,6 +147,7 @@ class Checkpointer(abc.ABC):
         """
         v.check_id("thread_id", thread_id)
         _instance("request", request, ClaimRequest)
+        attrs.validate(request)
         self._ensure_open("claim")
         return self._claim(thread_id, request)
 
@@ -482,7 +493,14 @@ def ask_guard(guard: SweepGuard | None, thread_ids: tuple[str, ...]) -> Mapping[
 
     try:
         answer = guard.protected(thread_ids)
-        return {str(key): frozenset(value) for key, value in dict(answer).items()}
+        protected = {}
+        for key, runs in dict(answer).items():
+            if not isinstance(key, str) or isinstance(runs, (str, bytes)) or not hasattr(runs, "__iter__"):
+                raise ValidationError(
+                    "guard", (f"protected() must map thread ids to collections of run ids, got {key!r}: {runs!r}",)
+                )
+            protected[key] = frozenset(v.check_id("guard run id", run) for run in runs)
+        return protected
     except ThreadloomError:
         raise
     except Exception as error:  # the guard is user code: anything it raises ends the sweep, nothing changed

@@ -43,7 +43,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import Checkpointer, ask_guard
-from threadloom.persistence.clock import SystemClock
+from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.memory_queue import InMemoryRunQueue
 
 
@@ -96,7 +96,7 @@ class InMemoryCheckpointer(Checkpointer):
 
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__()
-        self._clock = clock if clock is not None else SystemClock()
+        self._clock = check_clock("clock", clock) if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._rows: dict[str, _Thread] = {}
@@ -156,15 +156,16 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
         with self._lock:
-            now = self._clock.now()
+            now = read_clock(self._clock)
             existing = self._rows.get(thread_id)
             old = existing.claim if existing is not None else None
             if old is not None and rules.claim_is_live(old.expires_at, now):
                 raise ThreadBusy(
                     thread_id, self._latest_id(existing), rules.busy_holder(old.holder, old.tenant_id, request.tenant_id)
                 )
+            expires_at = now + request.ttl  # first: an overflow must not leave a row or spend a token
             row = self._row(thread_id)
-            claim = _Claim(request.holder, self._token(), now + request.ttl, request.tenant_id)
+            claim = _Claim(request.holder, self._token(), expires_at, request.tenant_id)
             row.claim = claim
             return RunClaim(
                 thread_id=thread_id,
@@ -182,7 +183,7 @@ class InMemoryCheckpointer(Checkpointer):
             row = self._check_token(thread_id, token)
             claim = row.claim
             assert claim is not None
-            claim.expires_at = self._clock.now() + ttl
+            claim.expires_at = read_clock(self._clock) + ttl
             return RunClaim(
                 thread_id=thread_id,
                 holder=claim.holder,
@@ -228,19 +229,23 @@ class InMemoryCheckpointer(Checkpointer):
                     )
             if commit.retract_turn and cp is None:
                 raise InvalidCommit(thread_id, "retract_turn needs a checkpoint to follow the settled one")
-            # Every check passed: apply.
-            now = self._clock.now()
-            if cp is not None:
+            # Every check passed. Encode everything first, so a value that fails to encode changes nothing.
+            now = read_clock(self._clock)
+            stamped = attrs.evolve(cp, fencing_token=commit.token) if cp is not None else None
+            cp_text = codec.encode_checkpoint(stamped) if stamped is not None else None
+            pending = [codec.encode_pending_write(pw) for pw in commit.pending_writes]
+            drafts = [
+                EventRecord.of(draft, thread_id=thread_id, seq=row.next_seq + index, token=commit.token)
+                for index, draft in enumerate(commit.events)
+            ]
+            event_texts = [codec.encode_event(record) for record in drafts]
+            records = [codec.decode_event(text, thread_id) for text in event_texts]
+            effects = [(effect.key, codec.encode_effect(effect)) for effect in commit.effects]
+            # Apply: nothing below can fail.
+            if cp is not None and stamped is not None and cp_text is not None:
                 del row.history[keep:]
-                stamped = attrs.evolve(cp, fencing_token=commit.token)
-                row.history.append(
-                    _Stored(
-                        codec.encode_checkpoint(stamped),
-                        CheckpointRow(cp.id, cp.run_id, now, row.next_seq),
-                        stamped,
-                    )
-                )
-                row.pending = [codec.encode_pending_write(pw) for pw in commit.pending_writes]
+                row.history.append(_Stored(cp_text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), stamped))
+                row.pending = pending
                 row.updated_at = now
                 if cp.origin is not None:
                     places = self._places.setdefault(cp.origin.parent_thread, {})
@@ -248,16 +253,12 @@ class InMemoryCheckpointer(Checkpointer):
                         self._place_counter += 1
                         places[thread_id] = self._place_counter
             else:
-                row.pending.extend(codec.encode_pending_write(pw) for pw in commit.pending_writes)
-            records = []
-            for draft in commit.events:
-                record = EventRecord.of(draft, thread_id=thread_id, seq=row.next_seq, token=commit.token)
-                row.next_seq += 1
-                text = codec.encode_event(record)
+                row.pending.extend(pending)
+            for record, text in zip(records, event_texts):
                 row.events.append(_Event(record.seq, now, text))
-                records.append(codec.decode_event(text, thread_id))
-            for effect in commit.effects:
-                row.effects.setdefault(effect.key, codec.encode_effect(effect))
+            row.next_seq += len(records)
+            for key, text in effects:
+                row.effects.setdefault(key, text)
             if commit.metadata:
                 row.metadata.update(commit.metadata)
                 row.updated_at = now
@@ -374,7 +375,7 @@ class InMemoryCheckpointer(Checkpointer):
             row.effects, row.metadata = {}, {}
             row.claim = None
             row.updated_at = None
-            row.deleted_at = self._clock.now()
+            row.deleted_at = read_clock(self._clock)
             self._changed.notify_all()
 
     def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
@@ -422,7 +423,7 @@ class InMemoryCheckpointer(Checkpointer):
         with self._lock:
             row = self._rows.get(thread_id)
             if row is not None:
-                self._prune_row(row, policy, self._clock.now(), self.queue.protected_runs(thread_id))
+                self._prune_row(row, policy, read_clock(self._clock), self.queue.protected_runs(thread_id))
 
     def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
         with self._lock:
@@ -431,7 +432,7 @@ class InMemoryCheckpointer(Checkpointer):
         protected = ask_guard(guard, page)  # outside the lock: the guard is user code
         pruned, reclaimed = [], []
         with self._lock:
-            now = self._clock.now()
+            now = read_clock(self._clock)
             for thread_id in page:
                 row = self._rows.get(thread_id)
                 if row is None:
@@ -484,7 +485,7 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _threads(self, query: ThreadQuery) -> ThreadPage:
         with self._lock:
-            rows = self._summaries(query.tenant_id, self._clock.now())
+            rows = self._summaries(query.tenant_id, read_clock(self._clock))
         rows.sort(key=lambda s: (s.updated_at, s.thread_id), reverse=True)
         if query.after is not None:
             cursor = (query.after.updated_at, query.after.thread_id)
@@ -496,7 +497,7 @@ class InMemoryCheckpointer(Checkpointer):
         from threadloom.domain.values import ThreadStatus
 
         with self._lock:
-            rows = self._summaries(tenant_id, self._clock.now())
+            rows = self._summaries(tenant_id, read_clock(self._clock))
         rows = [s for s in rows if s.status is ThreadStatus.IDLE]
         rows.sort(key=lambda s: (s.updated_at, s.thread_id))
         if after is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from threadloom.persistence.clock import read_clock
 from threadloom.domain import rules
 from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
@@ -82,7 +83,7 @@ class InMemoryRunQueue(RunQueue):
     # -- helpers (lock held) ----------------------------------------------------------------------------------
 
     def _now(self) -> datetime:
-        return self._store._clock.now()
+        return read_clock(self._store._clock)
 
     def _current(self, entry_id: int, attempt: int) -> _EntryRow:
         row = self._rows.get(entry_id)

@@ -27,6 +27,11 @@ How a call runs (one round trip, one transaction):
   that re-establishes it if it dies; commits and deletes ``pg_notify`` the schema's channel with the thread id
   at COMMIT. The notification is only a hint: the waiter re-reads.
 
+The durable run queue (DESIGN §4) lives in the same schema: ``store.queue`` is a
+:class:`~threadloom.persistence.postgres_queue.PostgresRunQueue` whose calls run through this store's bounded
+calls and error mapping (leases with ``FOR UPDATE SKIP LOCKED``, one function call each); ``prune`` and ``sweep``
+keep the newest checkpoint of every run an open entry recorded, read in their own transaction.
+
 psycopg is imported lazily, so ``from threadloom import PostgresCheckpointer`` works without the ``postgres``
 extra; :meth:`PostgresCheckpointer.open` then raises ``ProcessingError`` naming the extra.
 """

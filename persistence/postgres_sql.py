@@ -12,6 +12,9 @@ Design (DESIGN §3 "Stores", seeds 003):
 * Each write is one server-side PL/pgSQL function called in one statement (one round trip): it checks token,
   fence and parent, reads ``clock_timestamp()`` once it holds its locks, writes, and ``pg_notify``-s the
   schema's channel with the thread id when it numbered events or deleted the thread.
+* The run queue (migration 2, :data:`QUEUE_MIGRATION`): tables ``run_queue`` and ``run_queue_runs`` and the
+  functions ``tl_q_*``; ``tl_prune_row`` is replaced so that ``tl_prune`` and ``tl_sweep`` keep the newest
+  checkpoint of every run an open entry recorded. See :mod:`~threadloom.persistence.postgres_queue`.
 * Commit stamps (``committed_at``, ``updated_at``) are the database clock, made non-decreasing per thread
   (``greatest(clock_timestamp(), last stamp)``) so that what retention removes by age is always a prefix of a
   history or log, found through the primary key in time proportional to what it removes.
@@ -22,7 +25,7 @@ from __future__ import annotations
 SCHEMA_LOCK_CLASS = 1953263471
 """First key of the transaction-level advisory lock migrations hold (``'tloo'``); the second is the schema's hash."""
 
-QUEUE_LOCK_CLASS = 1953263729
+QUEUE_LOCK_CLASS = 1953263985
 """First key of the transaction-level advisory lock that serializes the queue writes of one thread (``'tlqq'``);
 the second is ``hashtext(thread_id)``. Enqueue and finish take it, so a thread's head is decided by one writer
 at a time. A hash collision only makes two threads' enqueues wait for each other."""
@@ -138,7 +141,7 @@ DECLARE
     v_now timestamptz;
     v_id bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(1953263729, hashtext(p_thread));
+    PERFORM pg_advisory_xact_lock(@QUEUE_LOCK_CLASS@, hashtext(p_thread));
     v_now := clock_timestamp();
     INSERT INTO {s}.run_queue (thread_id, graph_id, input, tenant_id, status, thread_head, available_at, enqueued_at)
         VALUES (p_thread, p_graph, p_input, p_tenant, 'open',
@@ -240,7 +243,7 @@ DECLARE
 BEGIN
     SELECT q.thread_id INTO v_thread FROM {s}.run_queue q WHERE q.entry_id = p_entry;
     IF FOUND THEN
-        PERFORM pg_advisory_xact_lock(1953263729, hashtext(v_thread));
+        PERFORM pg_advisory_xact_lock(@QUEUE_LOCK_CLASS@, hashtext(v_thread));
     END IF;
     SELECT * INTO f FROM {s}.tl_q_fence(p_entry, p_attempt);
     IF f.o_status = p_status AND f.o_attempts = p_attempt THEN
@@ -363,7 +366,7 @@ BEGIN
     RETURN v_removed > 0 OR v_dropped > 0;
 END
 $fn$;
-"""
+""".replace("@QUEUE_LOCK_CLASS@", str(QUEUE_LOCK_CLASS))
 """Migration 2: the run queue's tables, indexes and functions, and the retention that keeps open entries' runs."""
 
 

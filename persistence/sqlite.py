@@ -639,6 +639,13 @@ class SqliteCheckpointer(Checkpointer):
                         conn.execute("SAVEPOINT write")
                     try:
                         request.value = request.work(conn, *request.args)
+                    except (sqlite3.IntegrityError, sqlite3.DataError, sqlite3.InterfaceError) as error:
+                        # A fault of this request's own values: it alone fails, the batch goes on.
+                        if not savepoints:
+                            raise
+                        request.error = self._failure(error, request.operation, request.thread_id, committing=False)
+                        request.error.__cause__ = error
+                        conn.execute("ROLLBACK TO write")
                     except sqlite3.Error:
                         raise
                     except BaseException as error:  # the call's own outcome (StaleClaim, ...): it alone rolls back

@@ -1434,6 +1434,24 @@ class CheckpointerContract:
         assert snapshot(store, ["t"]) == before
         assert store.latest("unknown") is None
 
+    def test_the_largest_valid_policies_and_durations_work(self, harness: StoreHarness, store: Checkpointer) -> None:
+        # Found by hostile testing: valid values at the edges of their ranges are kept, not refused by a driver.
+        writer = Writer(store, harness, "t")
+        writer.step("c1", events=2)
+        writer.step("c2", events=2)
+        before = snapshot(store, ["t"])
+        huge = RetentionPolicy(max_checkpoints=2**62, max_events=2**62, max_age=timedelta(days=36_500))
+        store.prune("t", huge)
+        sweep_all(store, SweepPolicy(retention=huge, tombstone_age=timedelta(days=36_500)))
+        assert snapshot(store, ["t"]) == before
+        store.renew("t", writer.token, timedelta(days=36_500))
+        expect(ThreadBusy, lambda: store.claim("t", ClaimRequest(holder="r", ttl=timedelta(days=36_500))))
+        store.release("t", writer.token)
+        claim = store.claim("t", ClaimRequest(holder="r", ttl=timedelta(days=36_500)))
+        store.release("t", claim.token)
+        store.compact_events("t", 2**63 - 1)
+        assert store.events_after("t", 2**63 - 1, 1) == []
+
     # -- sweep (seeds 000 sweep; rule 6) ---------------------------------------------------------------------------
 
     def test_sweep_pages_every_thread_including_tombstones(self, harness: StoreHarness, store: Checkpointer) -> None:
@@ -2053,5 +2071,50 @@ def bad_input_cases(harness: StoreHarness, writer: Writer) -> list[tuple[str, Ca
         ("threads query not a query", lambda s: s.threads({"tenant_id": None}), "query"),
         ("threads query none", lambda s: s.threads(None), "query"),
         ("incomplete after not a cursor", lambda s: s.incomplete("acme", limit=1, after="x"), "after"),
+        # Values no store can keep (found by hostile testing): refused before anything is read or written.
+        (
+            "claim ttl beyond 100 years",
+            lambda s: s.claim("huge", _unchecked(ClaimRequest(holder="r", ttl=tick), ttl=timedelta.max)),
+            "request.ttl",
+        ),
+        ("renew ttl beyond 100 years", lambda s: s.renew(tid, token, timedelta.max), "ttl"),
+        ("renew token beyond 64 bits", lambda s: s.renew(tid, 2**63, tick), "token"),
+        ("release token beyond 64 bits", lambda s: s.release(tid, 2**70), "token"),
+        ("delete token beyond 64 bits", lambda s: s.delete_thread(tid, 2**63), "token"),
+        ("compact before_seq beyond 64 bits", lambda s: s.compact_events(tid, 2**63), "before_seq"),
+        ("events_after after_seq beyond 64 bits", lambda s: s.events_after(tid, 2**64, 1), "after_seq"),
+        ("await timeout beyond 100 years", lambda s: s.await_events_after(tid, 0, 1, timedelta.max), "timeout"),
+        (
+            "commit event payload with a 5000-digit integer",
+            lambda s: s.commit(tid, Commit(token=token, checkpoint=good_cp, events=[
+                _unchecked(writer.drafts(1)[0], payload={"x": 10**5000})])),
+            "event.payload",
+        ),
+        (
+            "commit pending write with a 5000-digit integer",
+            lambda s: s.commit(tid, Commit(token=token, checkpoint=good_cp, pending_writes=[
+                _unchecked(PendingWrite(checkpoint_id="c2", task_id="t", node_id="n"), payload=-(10**5000))])),
+            "pending_write.payload",
+        ),
+        (
+            "sweep guard answering a str of runs",
+            lambda s: s.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=1)), _StrGuard()),
+            "guard",
+        ),
     ]
     return cases
+
+
+class _StrGuard:
+    """A guard whose answer names its runs as one ``str`` — not a collection of run ids."""
+
+    def protected(self, thread_ids: tuple[str, ...]) -> dict[str, str]:
+        return {thread_id: "run-1" for thread_id in thread_ids}
+
+
+def _unchecked(value: Any, **fields: Any) -> Any:
+    """``value`` with ``fields`` set, bypassing its validators: how a caller's later mutation reaches a store."""
+    changed = attrs.evolve(value)
+    for name, item in fields.items():
+        object.__setattr__(changed, name, item)
+    return changed

@@ -68,7 +68,7 @@ class QueueEnv:
         else:
             self.clock.advance(delta)
 
-    def unpack(self):
+    def unpack(self) -> tuple[object, RunQueue, QueueEnv]:
         return self.store, self.queue, self
 
 
@@ -105,6 +105,7 @@ def _postgres(tmp_path, request):
     ids=["memory", "sqlite", "postgres"],
 )
 def env(request, tmp_path):
+    """``(store, queue, env)``: the tests call the third ``clock`` (its ``now``, ``advance`` and ``tick``)."""
     made = request.param(tmp_path, request)
     store = made.store
     if not isinstance(getattr(store, "queue", None), RunQueue):

@@ -692,3 +692,48 @@ def test_a_failed_commit_of_a_batch_is_outcome_unknown_for_each_write_it_held(
     assert isinstance(outcomes[2][1], threadloom.StaleClaim)  # refused before the COMMIT: its own outcome
     assert type(outcomes[3][1]) is OutcomeUnknown and "'t3'" in outcomes[3][1].message
     assert [len(store.events_after(f"t{i}", 0, 10)) for i in range(4)] == [1, 0, 0, 0]
+
+
+def test_a_commit_changed_after_construction_is_refused_alone_while_others_commit(tmp_path) -> None:
+    """Hostile finding: a commit whose values were changed after it was built poisoned a whole group commit."""
+    import concurrent.futures
+
+    from threadloom import Checkpoint, CheckpointStatus, ClaimRequest, Commit, EventDraft, SqliteCheckpointer
+    from threadloom.domain.errors import ValidationError
+
+    store = SqliteCheckpointer.open(tmp_path / "poison.db")
+    from datetime import datetime, timezone
+
+    now = store_now = datetime.now(timezone.utc)
+    claims = {f"t{i}": store.claim(f"t{i}", ClaimRequest(holder="r", ttl=timedelta(minutes=5))) for i in range(4)}
+
+    def good(thread_id: str) -> int:
+        done = 0
+        for n in range(30):
+            store.commit(thread_id, Commit(token=claims[thread_id].token,
+                                           events=[EventDraft(run_id="r", type="e", timestamp=store_now, payload=n)]))
+            done += 1
+        return done
+
+    def poisoned() -> int:
+        refused = 0
+        for n in range(30):
+            cp = Checkpoint(id=f"p{n}", parent=None, thread_id="t0", run_id="r", status=CheckpointStatus.RUNNING,
+                            created_at=now, state={"n": n})
+            object.__setattr__(cp, "run_id", None)
+            try:
+                store.commit("t0", Commit(token=claims["t0"].token, checkpoint=cp))
+            except ValidationError as error:
+                assert error.field == "checkpoint.run_id"
+                refused += 1
+        return refused
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        goods = [pool.submit(good, f"t{i}") for i in range(1, 4)]
+        bad = pool.submit(poisoned)
+        assert [f.result() for f in goods] == [30, 30, 30]
+        assert bad.result() == 30
+    for i in range(1, 4):
+        assert [e.seq for e in store.events_after(f"t{i}", 0, 100)] == list(range(1, 31))
+    assert store.latest("t0") is None
+    store.close()
