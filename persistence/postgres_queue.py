@@ -19,6 +19,9 @@ called in one statement:
 
 ``prune`` and ``sweep`` keep the newest checkpoint of every run an open entry recorded, read inside their own
 write transaction after they locked the thread's row (``tl_prune_row``, replaced by migration 2).
+
+Entry ids and attempts are ``bigint`` and durations microseconds: the public methods already bound them
+(``validation.MAX_INT``, ``validation.MAX_DURATION``), so every argument fits its column.
 """
 
 from __future__ import annotations
@@ -36,29 +39,10 @@ from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 if TYPE_CHECKING:  # pragma: no cover
     from threadloom.persistence.postgres import PostgresCheckpointer
 
-MAX_BIGINT = 2**63 - 1
-"""The largest entry id or attempt the schema can hold; larger numbers name nothing the store holds."""
-
-_HORIZON = timedelta(days=1)
-"""Margin kept below the largest time a returned datetime can hold (the server's clock may run ahead)."""
-
-
-def _bigint(value: int) -> int:
-    """``value`` capped at :data:`MAX_BIGINT`: an id or attempt no row can have (the caller keeps the original)."""
-    return min(value, MAX_BIGINT)
-
 
 def _micros(delta: timedelta) -> int:
+    """``delta`` in whole microseconds (the public methods bound it to ``validation.MAX_DURATION``)."""
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _span(field: str, span: timedelta) -> int:
-    """``span`` in microseconds, refused when now plus ``span`` is past the largest time a store can return."""
-    try:
-        datetime.now(UTC) + span + _HORIZON
-    except OverflowError:
-        raise ValidationError(field, (f"{span} from now is past the largest time a store can record",)) from None
-    return _micros(span)
 
 
 def _utc(when: datetime | None) -> datetime | None:
@@ -180,12 +164,12 @@ class PostgresRunQueue(RunQueue):
         delay: timedelta,
     ) -> QueueEntry:
         text = codec.dumps(input)
-        delay_us = _span("delay", delay)
+        delay_us = _micros(delay)
         row = self._write("enqueue", thread_id, "Q_ENQUEUE", (thread_id, graph_id, text, tenant_id, delay_us))
         return self._entry_of("enqueue", row)
 
     def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
-        ttl_us = _span("ttl", ttl)
+        ttl_us = _micros(ttl)
         kinds = None if graph_ids is None else sorted(graph_ids)
         row = self._write("lease", None, "Q_LEASE", (holder, ttl_us, kinds))
         if row[0] == 1:
@@ -196,15 +180,15 @@ class PostgresRunQueue(RunQueue):
         return StaleLease(entry_id, attempt, row[1])
 
     def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
-        ttl_us = _span("ttl", ttl)
-        row = self._write("renew_lease", None, "Q_RENEW", (_bigint(entry_id), _bigint(attempt), ttl_us))
+        ttl_us = _micros(ttl)
+        row = self._write("renew_lease", None, "Q_RENEW", (entry_id, attempt, ttl_us))
         if row[0] == 1:
             raise self._stale(entry_id, attempt, row)
         return self._lease_value(self._entry_of("renew_lease", row))
 
     def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
         row = self._write(
-            "record_run", None, "Q_RECORD", (_bigint(entry_id), _bigint(attempt), run_id, MAX_RUNS_PER_ENTRY)
+            "record_run", None, "Q_RECORD", (entry_id, attempt, run_id, MAX_RUNS_PER_ENTRY)
         )
         if row[0] == 1:
             raise self._stale(entry_id, attempt, row)
@@ -216,29 +200,25 @@ class PostgresRunQueue(RunQueue):
 
     def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry:
         row = self._write(
-            "finish", None, "Q_FINISH", (_bigint(entry_id), _bigint(attempt), status.value, error)
+            "finish", None, "Q_FINISH", (entry_id, attempt, status.value, error)
         )
         if row[0] == 1:
             raise self._stale(entry_id, attempt, row)
         return self._entry_of("finish", row)
 
     def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
-        delay_us = _span("delay", delay)
+        delay_us = _micros(delay)
         self._store._call(
-            "release_lease", None, self._sql["Q_RELEASE"], (_bigint(entry_id), _bigint(attempt), delay_us), write=True
+            "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us), write=True
         )
 
     # -- reads ------------------------------------------------------------------------------------------------
 
     def _entry(self, entry_id: int) -> QueueEntry | None:
-        if entry_id > MAX_BIGINT:
-            return None
         rows = self._store._call("entry", None, self._sql["Q_ENTRY"], (entry_id,), write=False)
         return entry_value(rows[0]) if rows else None
 
     def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
-        if after >= MAX_BIGINT:
-            return []
         if status is None:
             rows = self._store._call("entries", None, self._sql["Q_ENTRIES"], (after, limit), write=False)
         else:
@@ -255,4 +235,4 @@ class PostgresRunQueue(RunQueue):
         return {thread_id: frozenset(runs) for thread_id, runs in found.items()}
 
 
-__all__ = ["MAX_BIGINT", "PostgresRunQueue", "entry_value"]
+__all__ = ["PostgresRunQueue", "entry_value"]

@@ -408,8 +408,8 @@ def _tables(harness: PgHarness, schema: str) -> set[str]:
 
 
 def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, monkeypatch) -> None:
-    assert [version for version, _ in postgres_sql.MIGRATIONS] == [1, 2]
-    assert postgres_sql.MIGRATIONS[1][1] is postgres_sql.QUEUE_MIGRATION
+    latest = [version for version, _ in postgres_sql.MIGRATIONS]
+    assert latest[:2] == [1, 2] and postgres_sql.MIGRATIONS[1][1] is postgres_sql.QUEUE_MIGRATION
     with monkeypatch.context() as patch:  # this code as it was before the queue: schema version 1
         patch.setattr(postgres_sql, "MIGRATIONS", postgres_sql.MIGRATIONS[:1])
         old = harness.open()
@@ -438,7 +438,7 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
     assert not errors, errors
     with raw(harness) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version ORDER BY 1').fetchall()
-    assert versions == [(1,), (2,)]
+    assert versions == [(version,) for version in latest]  # each applied once
     assert {"run_queue", "run_queue_runs"} <= _tables(harness, harness.schema)
     store = opened[0]
     assert [cp.id for cp in store.history("t1", limit=10)] == list(reversed(r1 + later))
@@ -720,25 +720,35 @@ def test_a_damaged_entry_is_a_processing_error_naming_its_thread(harness: PgHarn
     assert caught.value.operation == "decode" and "t-damaged" in caught.value.message
 
 
-def test_out_of_range_numbers_and_times_write_nothing(store: PostgresCheckpointer) -> None:
-    with pytest.raises(ValidationError) as caught:
-        store.queue.enqueue("t1", graph_id="g", delay=timedelta(days=3_000_000))
-    assert caught.value.field == "delay"
-    assert store.queue.entries(limit=10) == []
-    entry = store.queue.enqueue("t1", graph_id="g")
-    with pytest.raises(ValidationError) as ttl:
-        store.queue.lease("w", timedelta(days=3_000_000))
-    assert ttl.value.field == "ttl" and store.queue.entry(entry.entry_id).attempts == 0
-    huge = 2**70  # more than any entry or attempt the schema can hold: names nothing
-    assert store.queue.entry(huge) is None and store.queue.entries(after=huge) == []
+def test_the_largest_numbers_and_durations_a_store_takes_name_nothing_and_write_nothing(
+    store: PostgresCheckpointer,
+) -> None:
+    from threadloom.domain.validation import MAX_DURATION, MAX_INT  # bigint and 100 years: what every store takes
+
+    entry = store.queue.enqueue("t1", graph_id="g", delay=MAX_DURATION)
+    assert entry.available_at - entry.enqueued_at == MAX_DURATION
+    assert store.queue.lease("w", TTL) is None
+    other = store.queue.enqueue("t2", graph_id="g")
+    lease = store.queue.lease("w", MAX_DURATION)
+    assert lease.entry_id == other.entry_id and lease.expires_at - MAX_DURATION >= other.enqueued_at
+    assert store.queue.entry(MAX_INT) is None and store.queue.entries(after=MAX_INT) == []
     with pytest.raises(StaleLease) as stale:
-        store.queue.finish(huge, huge)
-    assert (stale.value.entry_id, stale.value.attempt, stale.value.current) == (huge, huge, None)
-    lease = store.queue.lease("w", TTL)
+        store.queue.finish(MAX_INT, MAX_INT)
+    assert (stale.value.entry_id, stale.value.attempt, stale.value.current) == (MAX_INT, MAX_INT, None)
     with pytest.raises(StaleLease) as stale:
-        store.queue.record_run(entry.entry_id, huge, "r1")
+        store.queue.record_run(other.entry_id, MAX_INT, "r1")
     assert stale.value.current == lease.attempt
-    store.queue.release_lease(huge, 1)  # changes nothing
+    store.queue.release_lease(MAX_INT, 1)  # changes nothing
+    for call, field in (
+        (lambda: store.queue.enqueue("t3", graph_id="g", delay=MAX_DURATION + timedelta(days=1)), "delay"),
+        (lambda: store.queue.renew_lease(other.entry_id, MAX_INT + 1, TTL), "attempt"),
+        (lambda: store.queue.entry(MAX_INT + 1), "entry_id"),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            call()
+        assert caught.value.field == field
+    assert [e.entry_id for e in store.queue.entries(limit=10)] == [entry.entry_id, other.entry_id]
+    assert store.queue.entry(other.entry_id) == lease.entry
 
 
 # -- the reference: random calls agree with the in-memory queue ------------------------------------------------------
