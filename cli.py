@@ -5,8 +5,13 @@ Usage: ``threadloom [--store URL] [--json] [--log-level LEVEL] COMMAND ...``. Th
 rich tables on stdout, or, with ``--json``, one JSON document (``events --follow``: one JSON object per line).
 
 Errors never print a traceback: one line ``threadloom: error: ...`` on stderr, and the exit status says what
-went wrong (:data:`EXIT_FAILED`, :data:`EXIT_USAGE`, :data:`EXIT_INTERRUPTED`). A store URL's password never
-appears in output, errors or log lines.
+went wrong (:data:`EXIT_FAILED`, :data:`EXIT_USAGE`, :data:`EXIT_INTERRUPTED`); with ``--json``, stdout also gets
+one line ``{"error": {"type": ..., "message": ...}}`` (see :func:`error_document`). A store URL's password never
+appears in output, errors or log lines. Text from the store (ids, event types, metadata, payloads) is printed
+with its control characters escaped (:func:`printable`), so stored data cannot drive the terminal.
+
+Commands that only read (``threads``, ``show``, ``history``, ``events``, ``stats``) and ``sweep`` refuse a SQLite
+file that does not exist instead of creating it (a mistyped path).
 
 This module is the only place that configures logging (structlog, and the standard library's ``logging`` that
 drivers use): the library itself never does (DESIGN §6).
@@ -19,6 +24,7 @@ Adding a command: define it in a module of its own as a :class:`click.Command` a
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import json
 import logging
@@ -30,13 +36,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import quote, quote_plus, urlsplit
 
 import attrs
 import click
 import structlog
 from rich.console import Console
-from rich.json import JSON
+from rich.highlighter import JSONHighlighter
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -54,7 +59,7 @@ from threadloom.domain.values import (
     ThreadStatus,
     ThreadSummary,
 )
-from threadloom.persistence import DEFAULT_SQLITE_PATH, Checkpointer, open_store, redact_url
+from threadloom.persistence import DEFAULT_SQLITE_PATH, Checkpointer, open_store, redact_url, sqlite_file, url_secrets
 
 DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_SQLITE_PATH}"
 """The store the command opens when neither ``--store`` nor ``$THREADLOOM_STORE`` names one."""
@@ -152,26 +157,53 @@ DURATION = DurationType()
 # -- secrets ---------------------------------------------------------------------------------------------------------
 
 
-def url_secrets(url: str) -> tuple[str, ...]:
-    """The forms of ``url``'s password (as written, decoded, re-encoded) that must never be printed."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return ()
-    if not password:
-        return ()
-    userinfo = parts.netloc.rpartition("@")[0]
-    written = userinfo.partition(":")[2]
-    forms = {password, written, quote(password, safe=""), quote_plus(password)}
-    return tuple(sorted((form for form in forms if form), key=len, reverse=True))
+# ``url_secrets`` (imported above from the persistence package) gives the forms of a store URL's passwords, read
+# from the text itself: ``user:pass@`` (up to the last ``@``), ``password=`` query values, ``key=value`` strings,
+# and URLs no parser accepts.
 
 
 def scrub(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every occurrence of each secret replaced by ``***``."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
+    """``text`` with every occurrence of each secret replaced by ``***`` (longest secrets first)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
     return text
+
+
+# -- terminal safety -------------------------------------------------------------------------------------------------
+
+_BIDI_AND_SEPARATORS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029)
+_PRINTABLE = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r",
+    **{code: f"\\u{code:04x}" for code in _BIDI_AND_SEPARATORS},
+}
+# Inside JSON text, json.dumps already escapes C0; DEL, C1 and the bidi controls pass raw with ensure_ascii=False.
+_JSON_SAFE = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0), *_BIDI_AND_SEPARATORS)}
+
+
+def printable(text: str) -> str:
+    """``text`` with the characters that can drive a terminal written as escapes, for tables and error lines.
+
+    C0 controls (ESC included), DEL and C1 controls become ``\\x1b``-style escapes (``\\n``, ``\\r``, ``\\t`` for
+    those three); bidirectional overrides and isolates (U+202A–U+202E, U+2066–U+2069) and the line and paragraph
+    separators become ``\\u202e``-style escapes. Everything else, non-ASCII letters included, is kept.
+    """
+    return text.translate(_PRINTABLE)
+
+
+def json_text(value: Any, *, indent: int | None = None, compact: bool = False) -> str:
+    """``value`` as JSON text with non-ASCII kept but DEL, C1 and bidi controls escaped as ``\\u…``.
+
+    The text decodes to the same value (``json.loads``) and prints nothing a terminal would act on.
+    """
+    separators = (",", ":") if compact else None
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators).translate(_JSON_SAFE)
+
+
+def _text(value: Any, style: str = "") -> Text:
+    """A table cell: ``value`` as text, escaped with :func:`printable`, never read as rich markup."""
+    return Text("" if value is None else printable(str(value)), style=style)
 
 
 # -- logging ---------------------------------------------------------------------------------------------------------
@@ -268,11 +300,29 @@ def configure_logging(level: str, *, secrets: Sequence[str] = (), stream: Any = 
 
 
 class CliError(click.ClickException):
-    """An error the command reports on one line and exits with ``exit_code`` (default :data:`EXIT_FAILED`)."""
+    """An error the command reports on one line and exits with ``exit_code`` (default :data:`EXIT_FAILED`).
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+    Attributes:
+        kind: the ``type`` of the ``--json`` error document: the library error's class name where one caused it
+            (``ValidationError``, ``ProcessingError``), else the command's own (``UnknownThread``,
+            ``StoreNotFound``, ``CommandError``).
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED, kind: str = "CommandError") -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.kind = kind
+
+
+@attrs.define
+class _Outcome:
+    """What the error report of one run needs to know: JSON wanted, and whether a JSON document was printed."""
+
+    json_output: bool = False
+    emitted: bool = False
+
+
+_OUTCOME: contextvars.ContextVar[_Outcome | None] = contextvars.ContextVar("threadloom_cli_outcome", default=None)
 
 
 @attrs.define
@@ -301,22 +351,39 @@ class CliState:
         """The strings never to print (the URL's password in its forms)."""
         return url_secrets(self.store_url)
 
-    def store(self) -> Checkpointer:
+    def store(self, *, create: bool = False) -> Checkpointer:
         """The store named by ``--store``, opened on first use.
 
+        Args:
+            create: create (and migrate) a SQLite file that does not exist. False (every command of this
+                module): a missing file is refused, so a mistyped path creates nothing.
+
         Raises:
-            CliError: the URL names no store (:data:`EXIT_USAGE`), or the store could not be opened.
+            CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist and ``create``
+                is False (:data:`EXIT_FAILED`, kind ``StoreNotFound``), or the store could not be opened.
         """
         if self._store is None:
             try:
+                path = sqlite_file(self.store_url)
+                if path is not None and not create and not os.path.exists(path):
+                    raise CliError(
+                        f"no store at {os.path.abspath(path)!r}; run a command that writes, or check the path",
+                        kind="StoreNotFound",
+                    )
                 self._store = open_store(self.store_url)
             except ValidationError as error:
                 reason = "; ".join(error.problems) if error.field == "url" else str(error)
-                raise CliError(f"bad store URL: {scrub(reason, self.secrets)}", EXIT_USAGE) from error
+                raise CliError(
+                    f"bad store URL: {scrub(reason, self.secrets)}", EXIT_USAGE, kind="ValidationError"
+                ) from error
             except ThreadloomError as error:
-                raise CliError(f"cannot open store {self.safe_url!r}: {error}") from error
+                raise CliError(
+                    f"cannot open store {self.safe_url!r}: {scrub(str(error), self.secrets)}", kind=type(error).__name__
+                ) from error
             except OSError as error:
-                raise CliError(f"cannot open store {self.safe_url!r}: {error}") from error
+                raise CliError(
+                    f"cannot open store {self.safe_url!r}: {scrub(str(error), self.secrets)}", kind="ProcessingError"
+                ) from error
             _log.debug("cli.store_opened", store=self.safe_url)
         return self._store
 
@@ -327,8 +394,11 @@ class CliState:
             store.close()
 
     def emit(self, document: Any) -> None:
-        """Prints ``document`` as one JSON document on stdout."""
-        click.echo(json.dumps(document, ensure_ascii=False, indent=2))
+        """Prints ``document`` as one JSON document on stdout (DEL, C1 and bidi controls escaped)."""
+        click.echo(json_text(document, indent=2))
+        outcome = _OUTCOME.get()
+        if outcome is not None:
+            outcome.emitted = True
 
 
 def _state(ctx: click.Context) -> CliState:
@@ -417,15 +487,23 @@ def _when(when: datetime | None) -> Text:
 
 
 def _compact(value: Any) -> Text:
-    return Text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return Text(json_text(value, compact=True))
 
 
 def _plain(value: Any) -> Text:
-    return Text("" if value is None else str(value))
+    return _text(value)
+
+
+def _json_block(value: Any) -> Text:
+    """``value`` as indented, highlighted JSON (as ``rich.json.JSON``, but with :func:`json_text`'s escapes)."""
+    text = JSONHighlighter()(json_text(value, indent=2))
+    text.no_wrap = True
+    text.overflow = None
+    return text
 
 
 def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=_text(title), title_justify="left", header_style="bold")  # a Text: never rich markup
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
@@ -435,13 +513,13 @@ def _event_line(ev: EventRecord) -> Text:
     line = Text()
     line.append(f"{ev.seq:>6} ", style="bold")
     line.append(ev.timestamp.isoformat(sep=" ", timespec="milliseconds"), style="dim")
-    line.append(f"  {ev.type}", style="cyan")
-    line.append(f"  run={ev.run_id} token={ev.token}")
+    line.append(f"  {printable(ev.type)}", style="cyan")
+    line.append(f"  run={printable(ev.run_id)} token={ev.token}")
     if ev.node_id is not None:
-        line.append(f" node={ev.node_id}")
+        line.append(f" node={printable(ev.node_id)}")
     if ev.payload is not None:
         line.append("  ")
-        line.append(json.dumps(ev.payload, ensure_ascii=False, separators=(",", ":")))
+        line.append(json_text(ev.payload, compact=True))
     return line
 
 
@@ -485,35 +563,48 @@ class ThreadloomGroup(click.Group):
         return code
 
     def _run(self, args: Sequence[str] | None, prog_name: str, complete_var: str | None, extra: Any) -> int:
-        secrets: tuple[str, ...] = ()
+        argv = list(sys.argv[1:] if args is None else args)
+        # The URL is known before parsing, so that even a parse error never echoes its password; --json too, so
+        # that a parse error is reported as a JSON document as well.
+        secrets = _argv_secrets(argv)
+        outcome = _Outcome(json_output=_argv_wants_json(argv))
+        token = _OUTCOME.set(outcome)
 
-        def fail(message: str, code: int) -> int:
-            click.echo(f"{prog_name}: error: {scrub(_one_line(message), secrets)}", err=True)
+        def fail(message: str, code: int, kind: str) -> int:
+            line = _one_line(scrub(message, secrets))
+            click.echo(f"{prog_name}: error: {printable(line)}", err=True)
+            if outcome.json_output and not outcome.emitted:
+                with contextlib.suppress(OSError, ValueError):  # stdout closed: the stderr line is what is left
+                    click.echo(json_text(error_document(kind, line)))
             return code
 
-        argv = list(sys.argv[1:] if args is None else args)
-        # The URL is known before parsing, so that even a parse error never echoes its password.
-        secrets = _argv_secrets(argv)
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             return result if isinstance(result, int) else EXIT_OK
         except click.exceptions.NoArgsIsHelpError as error:
+            if outcome.json_output:
+                return fail(f"no command given (see '{prog_name} --help')", EXIT_USAGE, "UsageError")
             error.show()
             return EXIT_USAGE
         except click.UsageError as error:
             hint = ""
             if error.ctx is not None:
                 hint = f" (see '{error.ctx.command_path} --help')"
-            return fail(error.format_message() + hint, EXIT_USAGE)
+            return fail(error.format_message() + hint, EXIT_USAGE, "UsageError")
+        except CliError as error:
+            return fail(error.format_message(), error.exit_code, error.kind)
         except click.ClickException as error:
-            return fail(error.format_message(), error.exit_code)
+            return fail(error.format_message(), error.exit_code, "CommandError")
         except click.Abort:
             click.echo(f"{prog_name}: interrupted", err=True)
+            if outcome.json_output and not outcome.emitted:
+                with contextlib.suppress(OSError, ValueError):
+                    click.echo(json_text(error_document("Interrupted", "interrupted")))
             return EXIT_INTERRUPTED
         except ValidationError as error:
-            return fail(str(error), EXIT_USAGE)
+            return fail(str(error), EXIT_USAGE, "ValidationError")
         except ThreadloomError as error:
-            return fail(str(error), EXIT_FAILED)
+            return fail(str(error), EXIT_FAILED, type(error).__name__)
         except BrokenPipeError:  # stdout closed early (``threadloom ... | head``): not an error of ours
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
@@ -522,8 +613,39 @@ class ThreadloomGroup(click.Group):
             if structlog.is_configured():  # else structlog's defaults would print it on stdout
                 _log.debug("cli.unexpected_error", exc_info=True)
             return fail(
-                f"unexpected {type(error).__name__}: {error} (run with --log-level debug for details)", EXIT_FAILED
+                f"unexpected {type(error).__name__}: {error} (run with --log-level debug for details)",
+                EXIT_FAILED,
+                "UnexpectedError",
             )
+        finally:
+            _OUTCOME.reset(token)
+
+
+def error_document(kind: str, message: str) -> dict[str, Any]:
+    """The JSON document a failed command prints on stdout with ``--json`` (besides its stderr line).
+
+    Shape: ``{"error": {"type": kind, "message": message}}``, printed on one line, with the exit status of the
+    stderr line. ``type`` is the library error's class name (``ValidationError``, ``ProcessingError``,
+    ``CheckpointNotFound``, ``ThreadDeleted``, ...) or one of the command's own: ``UsageError`` (bad command
+    line), ``UnknownThread``, ``StoreNotFound``, ``Interrupted``, ``CommandError``, ``UnexpectedError``.
+    ``message`` is the stderr line's text without its ``threadloom: error:`` prefix (the password scrubbed).
+    Not printed when the command already printed its JSON document (``stats`` reports a probe failure in it).
+    """
+    return {"error": {"type": kind, "message": message}}
+
+
+def _argv_wants_json(argv: Sequence[str]) -> bool:
+    """Whether the group's options (before the command name) hold ``--json``."""
+    takes_value = {"--store", "--log-level"}
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--json":
+            return True
+        if arg == "--" or not arg.startswith("-"):
+            return False
+        index += 2 if arg in takes_value else 1
+    return False
 
 
 @contextlib.contextmanager
@@ -653,12 +775,12 @@ def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], l
     table = _table(title, "thread", "status", "updated at", "latest checkpoint", "latest run", "graph", "metadata")
     for s in items:
         table.add_row(
-            Text(s.thread_id),
-            Text(s.status.value),
+            _text(s.thread_id),
+            _text(s.status.value),
             _when(s.updated_at),
-            Text(s.latest_checkpoint_id),
-            Text(s.latest_run_id),
-            Text(s.graph_id),
+            _text(s.latest_checkpoint_id),
+            _text(s.latest_run_id),
+            _text(s.graph_id),
             _compact(s.metadata) if s.metadata else Text(""),
         )
     state.out.print(table)
@@ -683,7 +805,7 @@ def _find_in_registry(store: Checkpointer, cp: Checkpoint) -> ThreadSummary | No
 
 
 def _unknown_thread(state: CliState, thread_id: str) -> CliError:
-    return CliError(f"unknown thread {thread_id!r}: it has no checkpoint in {state.safe_url}")
+    return CliError(f"unknown thread {thread_id!r}: it has no checkpoint in {state.safe_url}", kind="UnknownThread")
 
 
 @cli.command()
@@ -726,15 +848,15 @@ def show(ctx: click.Context, thread: str) -> None:
     facts.add_column(style="bold")
     facts.add_column(overflow="fold")
     rows: list[tuple[str, Text]] = [
-        ("thread", Text(thread)),
-        ("status", Text(summary.status.value) if summary is not None else Text("(not in the registry)", style="dim")),
+        ("thread", _text(thread)),
+        ("status", _text(summary.status.value) if summary is not None else Text("(not in the registry)", style="dim")),
         ("updated at", _when(summary.updated_at) if summary is not None else Text("")),
-        ("checkpoint", Text(cp.id)),
+        ("checkpoint", _text(cp.id)),
         ("parent", _plain(cp.parent)),
-        ("checkpoint status", Text(cp.status.value)),
-        ("run", Text(cp.run_id)),
+        ("checkpoint status", _text(cp.status.value)),
+        ("run", _text(cp.run_id)),
         ("token", _plain(cp.fencing_token)),
-        ("graph", Text(cp.graph_id)),
+        ("graph", _text(cp.graph_id)),
         ("tenant", _plain(cp.tenant_id)),
         ("created at", _when(cp.created_at)),
     ]
@@ -748,16 +870,16 @@ def show(ctx: click.Context, thread: str) -> None:
         facts.add_row(key, value)
     state.out.print(facts)
     state.out.print(Text("state", style="bold"))
-    state.out.print(JSON.from_data(cp.state))
+    state.out.print(_json_block(cp.state))
     if stored.pending_writes:
         writes = _table(f"pending writes ({len(stored.pending_writes)})", "task", "node", "payload")
         for pw in stored.pending_writes:
-            writes.add_row(Text(pw.task_id), Text(pw.node_id), _compact(pw.payload))
+            writes.add_row(_text(pw.task_id), _text(pw.node_id), _compact(pw.payload))
         state.out.print(writes)
     else:
         state.out.print(Text("no pending writes", style="dim"))
     for note in notes:
-        state.out.print(Text(note, style="dim"))
+        state.out.print(_text(note, style="dim"))
 
 
 # -- history -------------------------------------------------------------------------------------------------------------
@@ -793,7 +915,7 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
     table = _table(f"history of {thread!r}, newest first", "checkpoint", "parent", "status", "run", "token", "created at")
     for cp in items:
         table.add_row(
-            Text(cp.id), _plain(cp.parent), Text(cp.status.value), Text(cp.run_id), _plain(cp.fencing_token),
+            _text(cp.id), _plain(cp.parent), _text(cp.status.value), _text(cp.run_id), _plain(cp.fencing_token),
             _when(cp.created_at),
         )
     state.out.print(table)
@@ -895,7 +1017,7 @@ def events(ctx: click.Context, thread: str, after: int, limit: int | None, follo
         if state.json_output:
 
             def deliver(event: EventRecord) -> None:
-                sys.stdout.write(json.dumps(event_json(event), ensure_ascii=False) + "\n")
+                sys.stdout.write(json_text(event_json(event)) + "\n")
                 sys.stdout.flush()
 
         else:
@@ -916,7 +1038,7 @@ def events(ctx: click.Context, thread: str, after: int, limit: int | None, follo
     table = _table(f"events of {thread!r} after {after}", "seq", "type", "run", "token", "node", "timestamp", "payload")
     for ev in items:
         table.add_row(
-            Text(str(ev.seq)), Text(ev.type), Text(ev.run_id), Text(str(ev.token)), _plain(ev.node_id),
+            _text(ev.seq), _text(ev.type), _text(ev.run_id), _text(ev.token), _plain(ev.node_id),
             _when(ev.timestamp), _compact(ev.payload),
         )
     state.out.print(table)
@@ -1054,7 +1176,12 @@ __all__ = [
     "CliState",
     "cli",
     "configure_logging",
+    "error_document",
     "follow_events",
+    "json_text",
     "main",
     "parse_duration",
+    "printable",
+    "scrub",
+    "url_secrets",
 ]

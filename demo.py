@@ -18,6 +18,15 @@ The command is the coordinator (DESIGN §4, §5):
 
 The effect ledger (:class:`~threadloom.demo_graph.Ledger`) stands in for the outside world: a tool provider
 that executes each effect key once. It is what the verification counts executions with.
+
+With ``--metrics-port N`` every store call of the demo is metered
+(:class:`~threadloom.persistence.metered.MeteredCheckpointer` into a
+:class:`~threadloom.persistence.meter_prometheus.PrometheusMeter`) and served in the Prometheus text format on the
+loopback only (:class:`DemoMetrics`): worker ``k`` serves its own store's metrics on port ``N+k``; the coordinator
+serves on ``N`` its own store's metrics (the progress reads, the verification and its stale-token probes) together
+with every worker's, read from their ports at each scrape, each series labelled ``process`` (``coordinator``,
+``worker-1``…), plus ``threadloom_demo_process_up`` saying whose series are there. Run-queue calls (enqueue, lease,
+complete) are not metered: ``MeteredCheckpointer`` forwards ``store.queue`` as is.
 """
 
 from __future__ import annotations
@@ -28,11 +37,13 @@ import os
 import secrets as _secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -73,6 +84,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import open_store, redact_url
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.metered import MeteredCheckpointer
 from threadloom.persistence.queue import RunQueue
 
 TENANT = "acme"
@@ -95,6 +107,12 @@ PROBES = 5
 """At most this many stale-token writes are tried while verifying."""
 LOG_TAIL = 5
 """Lines of a worker's log shown when it exits unexpectedly."""
+METRICS_HOST = "127.0.0.1"
+"""The address every metrics endpoint of the demo listens on: the loopback only."""
+SCRAPE_TIMEOUT_S = 1.0
+"""How long (seconds) the coordinator's endpoint waits for one worker's metrics while it is scraped."""
+PROCESS_UP = "threadloom_demo_process_up"
+"""The coordinator endpoint's gauge: 1 where a process's metrics were read for this scrape, else 0."""
 
 
 # -- what the demo does --------------------------------------------------------------------------------------------------
@@ -597,12 +615,20 @@ class Worker:
 
 
 def start_worker(
-    name: str, store_url: str, folder: Path, ledger_path: Path, plan: DemoPlan, log_level: str
+    name: str,
+    store_url: str,
+    folder: Path,
+    ledger_path: Path,
+    plan: DemoPlan,
+    log_level: str,
+    *,
+    metrics_port: int | None = None,
 ) -> Worker:
     """Starts ``python -m threadloom demo-worker`` in a session of its own (Ctrl-C reaches the coordinator only).
 
     The store URL travels in the environment (never on a command line ``ps`` shows); the worker's log lines go
-    to ``<folder>/logs/<name>.log``.
+    to ``<folder>/logs/<name>.log``. With ``metrics_port`` the worker meters its store and serves the metrics on
+    that port of :data:`METRICS_HOST`.
     """
     log_path = folder / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -615,6 +641,8 @@ def start_worker(
         "--renew-every", f"{int(plan.renew_every.total_seconds() * 1000)}ms",
         "--pace", str(plan.pace),
     ]  # fmt: skip
+    if metrics_port is not None:
+        command += ["--metrics-port", str(metrics_port)]
     env = {**os.environ, STORE_ENV: store_url}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -637,6 +665,167 @@ def stop_workers(workers: list[Worker]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 worker.process.kill()
             worker.process.wait()
+
+
+# -- metrics ------------------------------------------------------------------------------------------------------------
+
+
+def port_in_use(port: int, host: str = METRICS_HOST) -> str | None:
+    """Why ``port`` cannot be listened on at ``host`` (the system's reason), or None if it can right now.
+
+    Binds and closes a socket at once, with ``SO_REUSEADDR`` as the metrics server does, so a port held only by
+    a closed connection (``TIME_WAIT``) counts as free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
+
+
+def _port_taken(port: int, reason: str, uses: str = "") -> CliError:
+    return CliError(
+        f"metrics port {port} on {METRICS_HOST} is not available ({reason}); choose another --metrics-port{uses}", 2
+    )
+
+
+class _Aggregate:
+    """A ``prometheus_client`` collector: the coordinator's metrics and every worker's, labelled by process.
+
+    At each scrape it renders the coordinator's registry and fetches each worker's endpoint (at most
+    :data:`SCRAPE_TIMEOUT_S` each), parses them, adds ``process="<name>"`` to every sample and yields the
+    families merged by name, plus :data:`PROCESS_UP` per process. A worker that cannot be read (not started yet,
+    SIGKILLed, stopped) contributes nothing but ``threadloom_demo_process_up{process=...} 0``: its counts are not
+    remembered, so a series only ever shows what its process reports now.
+    """
+
+    def __init__(self, own: Any, workers: list[tuple[str, str]]) -> None:
+        self._own = own
+        self._workers = workers
+
+    def collect(self) -> Any:
+        import prometheus_client
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.parser import text_string_to_metric_families
+
+        sources = [("coordinator", prometheus_client.generate_latest(self._own).decode())]
+        up = GaugeMetricFamily(
+            PROCESS_UP,
+            "1 if the process's metrics were read for this scrape, 0 if not (a worker not started yet, SIGKILLed "
+            "or stopped: its series are then absent).",
+            labels=["process"],
+        )
+        up.add_metric(["coordinator"], 1)
+        for name, url in self._workers:
+            try:
+                with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as response:
+                    sources.append((name, response.read().decode()))
+            except (OSError, ValueError):
+                up.add_metric([name], 0)
+                continue
+            up.add_metric([name], 1)
+        merged: dict[str, Any] = {}
+        for process, text in sources:
+            try:
+                families = list(text_string_to_metric_families(text))
+            except ValueError:  # not what a worker serves: leave it out rather than fail the whole scrape
+                continue
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = prometheus_client.Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                elif into.type != family.type:
+                    continue
+                into.samples.extend(
+                    sample._replace(labels={**sample.labels, "process": process}) for sample in family.samples
+                )
+        yield from merged.values()
+        yield up
+
+
+class DemoMetrics:
+    """The metrics of ``threadloom demo --metrics-port N``: ports, the coordinator's meter and its endpoint.
+
+    Port ``N`` serves the coordinator's endpoint (:class:`_Aggregate`: its own store's metrics and each worker's,
+    labelled ``process``); worker ``k`` (1-based) serves its own store's metrics on ``N+k``. Everything listens on
+    :data:`METRICS_HOST` only. :meth:`start` checks every port before anything else happens.
+
+    Args:
+        port: ``N``, the coordinator's port (1..65535; ``N + workers`` must be a port too).
+        workers: how many worker processes the demo starts.
+    """
+
+    def __init__(self, port: int, workers: int) -> None:
+        self.port = port
+        self.workers = workers
+        self._server: Any = None
+        self._meter: Any = None
+
+    def worker_port(self, number: int) -> int:
+        """The port worker ``number`` (1-based) serves on: ``N + number``."""
+        return self.port + number
+
+    def url(self, port: int) -> str:
+        """``http://127.0.0.1:<port>/metrics``."""
+        return f"http://{METRICS_HOST}:{port}/metrics"
+
+    def start(self) -> Self:
+        """Checks the workers' ports, then serves the coordinator's endpoint on ``N``.
+
+        Raises:
+            CliError: (exit 2) ``N + workers`` is above 65535, a port is in use, or ``prometheus_client`` is not
+                installed (the ``metrics`` extra).
+        """
+        try:
+            import prometheus_client
+        except ImportError as error:
+            extra = "pip install 'threadloom[metrics]'"
+            raise CliError(f"--metrics-port needs the metrics extra ({extra}): {error}", 2) from error
+        from threadloom.persistence.meter_prometheus import PrometheusMeter, serve
+
+        last = self.worker_port(self.workers)
+        if last > 65535:
+            raise CliError(
+                f"--metrics-port {self.port} leaves no port for worker {self.workers} ({last} > 65535)", 2
+            )
+        uses = f" (the demo uses ports {self.port}-{last}: N and N+1…N+{self.workers} for its workers)"
+        for number in range(1, self.workers + 1):
+            reason = port_in_use(self.worker_port(number))
+            if reason is not None:
+                raise _port_taken(self.worker_port(number), reason, uses)
+        try:
+            self._meter = PrometheusMeter(prometheus_client.CollectorRegistry())
+            served = prometheus_client.CollectorRegistry()
+            served.register(_Aggregate(self._meter.registry, self.worker_urls()))
+            self._server = serve(served, self.port, host=METRICS_HOST)
+        except ValidationError as error:
+            raise CliError(f"--metrics-port: {error}", 2) from error
+        except OSError as error:
+            raise _port_taken(self.port, error.strerror or str(error), uses) from error
+        return self
+
+    def worker_urls(self) -> list[tuple[str, str]]:
+        """``(worker name, its metrics URL)`` for every worker, in order."""
+        return [(f"worker-{k}", self.url(self.worker_port(k))) for k in range(1, self.workers + 1)]
+
+    def wrap(self, store: Checkpointer) -> MeteredCheckpointer:
+        """``store`` metered into the coordinator's registry (closing the wrapper closes ``store``)."""
+        return MeteredCheckpointer(store, self._meter)
+
+    def describe(self) -> list[str]:
+        """The lines printed at start: where to scrape."""
+        lines = [f"metrics: {self.url(self.port)} (coordinator and every worker, labelled process)"]
+        lines += [f"metrics: {url} ({name} only)" for name, url in self.worker_urls()]
+        return lines
+
+    def close(self) -> None:
+        """Stops the coordinator's endpoint (twice does nothing)."""
+        if self._server is not None:
+            self._server.close()
 
 
 # -- the display ------------------------------------------------------------------------------------------------------------
@@ -826,8 +1015,11 @@ def run_demo(
     display: Display,
     *,
     log_level: str = "info",
+    metrics: DemoMetrics | None = None,
 ) -> tuple[Crash | None, list[Check], list[Worker], bool]:
     """Enqueues the runs, starts the workers, crashes one, waits for the runs, stops the workers, verifies.
+
+    With ``metrics``, worker ``k`` serves its store's metrics on ``metrics.worker_port(k)``.
 
     Returns:
         The crash (None without one), the checks, the workers, and whether the demo timed out.
@@ -846,7 +1038,12 @@ def run_demo(
     timed_out = False
     try:
         for number in range(1, plan.workers + 1):
-            workers.append(start_worker(f"worker-{number}", store_url, folder, ledger_path, plan, log_level))
+            port = None if metrics is None else metrics.worker_port(number)
+            workers.append(
+                start_worker(
+                    f"worker-{number}", store_url, folder, ledger_path, plan, log_level, metrics_port=port
+                )
+            )
         display.note("started " + ", ".join(f"{w.name} (pid {w.pid})" for w in workers))
         reported: set[str] = set()
         taken: set[str] = set()
@@ -989,6 +1186,12 @@ def _open_demo_store(url: str) -> Checkpointer:
 @click.option("--keep", is_flag=True, help="Keep the temporary folder (store, ledger, worker logs) for inspection.")
 @click.option("--ttl", type=DURATION, default="3s", show_default=True, help="The workers' claim and lease ttl.")
 @click.option("--timeout", type=DURATION, default="2m", show_default=True, help="Give up waiting after this long.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="N",
+              help="Serve Prometheus metrics of every store call on 127.0.0.1 while the demo runs: worker k on "
+                   "port N+k (its own calls), and on N the coordinator's own calls plus every worker's, each "
+                   "series labelled process=coordinator|worker-k (a SIGKILLed worker's series vanish; "
+                   "threadloom_demo_process_up says whose are there). Run-queue calls are not metered. Ports in "
+                   "use: exit 2.")
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -1000,6 +1203,7 @@ def demo(
     keep: bool,
     ttl: timedelta,
     timeout: timedelta,
+    metrics_port: int | None,
 ) -> None:
     """Run the sample agent graph in worker processes, SIGKILL one mid-run, and verify what the store kept.
 
@@ -1010,6 +1214,9 @@ def demo(
     write with a stale token accepted; tokens strictly increasing. Exit status 1 if a check fails.
 
     Without --store it works in a new SQLite file in a temporary folder, removed at the end unless --keep.
+
+    With --metrics-port N it serves Prometheus metrics on 127.0.0.1 while it runs (URLs printed at start):
+    http://127.0.0.1:N/metrics has them all, labelled by process; N+1, N+2, … each worker's alone.
     """
     state = ctx.find_object(CliState)
     if state is None:
@@ -1018,6 +1225,7 @@ def demo(
         raise CliError("a crash needs a second worker to take over: use --workers 2 or more, or --no-crash", 2)
     renew = min(DEFAULT_RENEW, ttl / 3)
     named = _store_url(ctx, store_url)
+    metrics = None if metrics_port is None else DemoMetrics(metrics_port, workers).start()  # before anything runs
     folder = Path(tempfile.mkdtemp(prefix="threadloom-demo-"))
     url = named if named is not None else _sqlite_url(folder / "demo.db")
     prefix = "demo" if named is None else f"demo-{_secrets.token_hex(3)}"
@@ -1034,9 +1242,13 @@ def demo(
     store: Checkpointer | None = None
     try:
         store = _open_demo_store(url)
+        if metrics is not None:
+            store = metrics.wrap(store)
+            for line in metrics.describe():
+                console.print(Text(line), soft_wrap=True)
         display = Display(console, plan, label, live=console.is_terminal and not state.json_output)
         with display:
-            crash, checks, procs, timed_out = run_demo(store, url, plan, folder, display)
+            crash, checks, procs, timed_out = run_demo(store, url, plan, folder, display, metrics=metrics)
         result = DemoResult(
             plan=plan,
             store_label=label,
@@ -1052,6 +1264,8 @@ def demo(
     finally:
         if store is not None:
             store.close()
+        if metrics is not None:
+            metrics.close()
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
     if state.json_output:
@@ -1069,6 +1283,8 @@ def demo(
 @click.option("--ttl", type=DURATION, default="3s", show_default=True)
 @click.option("--renew-every", type=DURATION, default="1s", show_default=True)
 @click.option("--pace", type=click.FloatRange(0, 10), default=1.0, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Meter the store and serve its metrics on this port of 127.0.0.1.")
 @click.pass_context
 def demo_worker(
     ctx: click.Context,
@@ -1078,14 +1294,33 @@ def demo_worker(
     ttl: timedelta,
     renew_every: timedelta,
     pace: float,
+    metrics_port: int | None,
 ) -> None:
-    """A worker of ``threadloom demo``: serves the store's run queue with the sample graphs until SIGTERM."""
+    """A worker of ``threadloom demo``: serves the store's run queue with the sample graphs until SIGTERM.
+
+    With ``--metrics-port`` its store is a ``MeteredCheckpointer`` over a ``PrometheusMeter`` served on that port
+    of 127.0.0.1 until the worker stops (port taken: exit 2 before serving the queue).
+    """
     state = ctx.find_object(CliState)
     if state is None:
         raise CliError("internal: the command ran without the threadloom group")
-    store = state.store()
+    store: Checkpointer = state.store()
     if not isinstance(getattr(store, "queue", None), RunQueue):
         raise CliError(f"the store {state.safe_url!r} has no run queue")
+    endpoint = None
+    if metrics_port is not None:
+        from threadloom.persistence.meter_prometheus import PrometheusMeter
+
+        try:
+            import prometheus_client
+
+            meter = PrometheusMeter(prometheus_client.CollectorRegistry())
+            endpoint = meter.serve(metrics_port, host=METRICS_HOST)
+        except ImportError as error:
+            raise CliError(f"--metrics-port needs the metrics extra: {error}", 2) from error
+        except OSError as error:
+            raise _port_taken(metrics_port, error.strerror or str(error)) from error
+        store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -1101,7 +1336,9 @@ def demo_worker(
     try:
         graphs = build_graphs(runtime, ledger, pace=pace)
         server = runtime.serve(graphs, concurrency=concurrency, policy=policy, block=False)
-        structlog.get_logger("threadloom.demo").info("demo.worker_serving", worker=name, pid=os.getpid())
+        structlog.get_logger("threadloom.demo").info(
+            "demo.worker_serving", worker=name, pid=os.getpid(), metrics=None if endpoint is None else endpoint.url
+        )
         parent = os.getppid()
         while not stop.wait(0.5):
             if os.getppid() != parent:  # the coordinator died without stopping us: do not serve on as an orphan
@@ -1110,12 +1347,15 @@ def demo_worker(
     finally:
         runtime.close()
         ledger.close()
+        if endpoint is not None:
+            endpoint.close()
     structlog.get_logger("threadloom.demo").info("demo.worker_stopped", worker=name, pid=os.getpid())
 
 
 __all__ = [
     "Check",
     "Crash",
+    "DemoMetrics",
     "DemoPlan",
     "DemoResult",
     "Takeover",

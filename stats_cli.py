@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli import CliError, CliState, scrub
+from threadloom.cli import CliError, CliState, printable, scrub
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ThreadloomError
 from threadloom.domain.values import ThreadQuery
@@ -145,7 +145,7 @@ def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], samp
         )
     else:
         table = Table(
-            title=f"store calls on {state.safe_url} ({rounds} round(s), {len(read)} thread(s) read)",
+            title=Text(printable(f"store calls on {state.safe_url} ({rounds} round(s), {len(read)} thread(s) read)")),
             title_justify="left",
             header_style="bold",
         )
@@ -169,10 +169,17 @@ def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], samp
             for column in ("op", "error", "count"):
                 detail.add_column(column)
             for labels, value in errors:
-                detail.add_row(Text(labels.get("op", "")), Text(labels.get("error", "")), Text(str(int(value))))
+                detail.add_row(
+                    Text(printable(labels.get("op", ""))),
+                    Text(printable(labels.get("error", ""))),
+                    Text(str(int(value))),
+                )
             state.out.print(detail)
     if failure is not None:
-        raise CliError(f"the store failed while probing {state.safe_url}: {failure}")
+        raise CliError(
+            f"the store failed while probing {state.safe_url}: {scrub(str(failure), state.secrets)}",
+            kind=type(failure).__name__,
+        )
 
 
 __all__ = ["operations", "probe", "stats"]

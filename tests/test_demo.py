@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -42,6 +44,7 @@ from threadloom.demo import (
     _check_stale,
     _check_tokens,
     find_takeovers,
+    port_in_use,
     verify,
 )
 from threadloom.demo_graph import (
@@ -180,6 +183,110 @@ def test_a_sigkilled_workers_threads_are_recovered_within_ttl_and_its_effects_ra
                 process.wait()
         ledger.close()
         store.close()
+
+
+def _free_ports(count: int) -> int:
+    """A port ``p`` such that ``p`` … ``p + count - 1`` are free on the loopback now (``p`` chosen by the system)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count - 1 <= 65535 and all(port_in_use(base + k) is None for k in range(count)):
+            return base
+    pytest.skip(f"found no {count} consecutive free ports")
+
+
+def _scrape(port: int) -> dict[tuple[str, frozenset], float] | None:
+    """Every sample of ``http://127.0.0.1:<port>/metrics`` by (name, labels), or None if nothing answers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _commits(samples: dict[tuple[str, frozenset], float] | None, **labels: str) -> float:
+    key = ("threadloom_store_calls_total", frozenset({"op": "commit", **labels}.items()))
+    return (samples or {}).get(key, 0.0)
+
+
+@pytest.mark.slow
+def test_the_demo_serves_every_processs_store_metrics_while_it_runs(tmp_path):
+    pytest.importorskip("prometheus_client")
+    port = _free_ports(3)  # the coordinator on port, worker-1 on port+1, worker-2 on port+2
+    out, err = open(tmp_path / "out", "w+"), open(tmp_path / "err", "w+")  # noqa: SIM115 - the process writes
+    process = subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--json", "demo", "--runs", "8", "--workers", "2", "--no-crash",
+         "--metrics-port", str(port)],
+        cwd=tmp_path, stdout=out, stderr=err,
+    )  # fmt: skip
+    try:
+        worker_seen: dict[str, float] = {}
+        aggregate: dict[tuple[str, frozenset], float] | None = None
+        deadline = time.monotonic() + 120
+        while not (worker_seen and aggregate):
+            assert process.poll() is None, "the demo ended before its metrics showed commits: " + (
+                (tmp_path / "err").read_text() + (tmp_path / "out").read_text()
+            )
+            assert time.monotonic() < deadline, "no commit was ever counted on a worker's endpoint"
+            for number in (1, 2):
+                commits = _commits(_scrape(port + number))
+                if commits > 0:
+                    worker_seen[f"worker-{number}"] = commits
+            if worker_seen and aggregate is None:
+                samples = _scrape(port)
+                if any(_commits(samples, process=name) > 0 for name in worker_seen):
+                    aggregate = samples
+            time.sleep(0.05)
+        assert process.wait(120) == 0, (tmp_path / "err").read_text() + (tmp_path / "out").read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        out.close()
+        err.close()
+    # The coordinator's endpoint had its own store's series and each worker's, told apart by a process label.
+    assert aggregate is not None
+    up = {dict(labels)["process"]: value for (name, labels), value in aggregate.items()
+          if name == "threadloom_demo_process_up"}  # fmt: skip
+    assert up["coordinator"] == 1.0 and set(up) == {"coordinator", "worker-1", "worker-2"}
+    assert any(up[name] == 1.0 for name in worker_seen)
+    assert ("threadloom_store_calls_total", frozenset({"op": "threads", "process": "coordinator"}.items())) in aggregate
+    assert all("process" in dict(labels) for _name, labels in aggregate)
+    report = json.loads((tmp_path / "out").read_text())
+    assert report["passed"] is True
+    progress = (tmp_path / "err").read_text()
+    for number in (0, 1, 2):
+        assert f"http://127.0.0.1:{port + number}/metrics" in progress
+    # Served while it runs, not after: every endpoint is gone once the command returned.
+    assert all(_scrape(port + number) is None for number in (0, 1, 2))
+
+
+def test_a_metrics_port_in_use_is_refused_before_anything_starts(tmp_path):
+    pytest.importorskip("prometheus_client")
+    port = _free_ports(3)
+    db = tmp_path / "never.db"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port + 2))  # worker-2's port
+        taken.listen()
+        result = CliRunner().invoke(
+            cli, ["demo", "--store", f"sqlite:///{db}", "--workers", "2", "--metrics-port", str(port)]
+        )
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.count("\n") == 1
+    assert f"metrics port {port + 2} on 127.0.0.1 is not available" in result.stderr
+    assert not db.exists()  # the store was never opened, so no run was enqueued and no worker started
+    assert port_in_use(port) is None  # the coordinator's port was not left held
+    limit = CliRunner().invoke(cli, ["demo", "--workers", "3", "--metrics-port", "65534"])
+    assert limit.exit_code == EXIT_USAGE and "65537 > 65535" in limit.stderr
 
 
 def test_the_demo_refuses_what_it_cannot_run():
@@ -373,27 +480,38 @@ def test_a_call_repeated_after_the_crashed_workers_uncommitted_call_passes_only_
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_the_demo_passes_on_postgresql():
-    from threadloom.persistence.postgres import PostgresCheckpointer
-    from threadloom.testing.postgres_harness import postgres_dsn
+    """The demo on PostgreSQL, in a throwaway schema named in the store URL (``?schema=``), dropped afterwards."""
+    import psycopg
+    from threadloom.testing.postgres_harness import drop_schema, new_schema_name, postgres_dsn
 
     dsn = postgres_dsn()
-    store = PostgresCheckpointer.open(dsn)
+    if not dsn.startswith(("postgresql://", "postgres://")):
+        pytest.skip("the demo takes a postgresql:// URL; the test server is named by a key=value string")
+    schema = new_schema_name()
+    url = f"{dsn}{'&' if '?' in dsn.split('@')[-1] else '?'}schema={schema}"
     try:
-        if not isinstance(getattr(store, "queue", None), RunQueue):
-            pytest.skip("PostgresCheckpointer has no run queue yet (store.queue)")
+        done = subprocess.run(
+            [sys.executable, "-m", "threadloom", "--json", "demo", "--store", url, "--runs", "12"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr + done.stdout
+        report = json.loads(done.stdout)
+        assert report["passed"] and report["crash"]["takeovers"], report
+        assert report["inspect"].startswith("threadloom --store postgresql://")
+        assert f"schema={schema}" in report["inspect"]
+        with psycopg.connect(dsn, autocommit=True) as conn:  # the demo's threads are in the throwaway schema
+            found = conn.execute(
+                psycopg.sql.SQL("SELECT count(*) FROM {}.threads WHERE thread_id IN (%s, %s)").format(
+                    psycopg.sql.Identifier(schema)
+                ),
+                (report["threads"]["first"], report["threads"]["last"]),
+            ).fetchone()
+        assert found == (2,)
     finally:
-        store.close()
-    done = subprocess.run(
-        [sys.executable, "-m", "threadloom", "--json", "demo", "--store", dsn, "--runs", "12"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
-    report = json.loads(done.stdout)
-    assert report["passed"] and report["crash"]["takeovers"], report
-    assert report["inspect"].startswith("threadloom --store postgresql://")
+        drop_schema(dsn, schema)
 
 
 def test_a_token_issued_to_two_runs_fails_the_token_check():
