@@ -7,6 +7,7 @@ A stored row that does not decode raises :class:`ProcessingError` naming the thr
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -43,6 +44,19 @@ def dumps(value: Any) -> str:
 def loads(text: str) -> Any:
     """The JSON value of ``text``."""
     return json.loads(text)
+
+
+def stamp_token(cp: Checkpoint, token: int) -> Checkpoint:
+    """``cp`` with ``fencing_token`` = ``token`` (DESIGN §2: the store stamps the commit's token).
+
+    A shallow copy that does not validate the state again: the commit was validated just before. Never the
+    caller's own value.
+    """
+    if cp.fencing_token == token:
+        return cp
+    stamped = copy.copy(cp)
+    object.__setattr__(stamped, "fencing_token", token)
+    return stamped
 
 
 def encode_checkpoint(cp: Checkpoint) -> str:

@@ -75,6 +75,7 @@ class _Thread:
     next_seq: int
     floor: int
     history: list[_Stored] = attrs.Factory(list)
+    ids: set[str] = attrs.Factory(set)  # the ids in ``history``: a commit's duplicate check reads no history
     pending: list[str] = attrs.Factory(list)
     events: list[_Event] = attrs.Factory(list)
     effects: dict[str, str] = attrs.Factory(dict)
@@ -217,7 +218,7 @@ class InMemoryCheckpointer(Checkpointer):
             if cp is not None:
                 if cp.parent != base:
                     raise CheckpointConflict(thread_id, cp.parent, base)
-                if any(stored.row.id == cp.id for stored in row.history):
+                if cp.id in row.ids:
                     raise InvalidCommit(thread_id, f"checkpoint {cp.id!r} is already in the history")
             resulting = cp.id if cp is not None else self._latest_id(row)
             for pw in commit.pending_writes:
@@ -231,7 +232,7 @@ class InMemoryCheckpointer(Checkpointer):
                 raise InvalidCommit(thread_id, "retract_turn needs a checkpoint to follow the settled one")
             # Every check passed. Encode everything first, so a value that fails to encode changes nothing.
             now = read_clock(self._clock)
-            stamped = attrs.evolve(cp, fencing_token=commit.token) if cp is not None else None
+            stamped = codec.stamp_token(cp, commit.token) if cp is not None else None
             cp_text = codec.encode_checkpoint(stamped) if stamped is not None else None
             pending = [codec.encode_pending_write(pw) for pw in commit.pending_writes]
             drafts = [
@@ -243,7 +244,10 @@ class InMemoryCheckpointer(Checkpointer):
             effects = [(effect.key, codec.encode_effect(effect)) for effect in commit.effects]
             # Apply: nothing below can fail.
             if cp is not None and stamped is not None and cp_text is not None:
+                for cut in row.history[keep:]:
+                    row.ids.discard(cut.row.id)
                 del row.history[keep:]
+                row.ids.add(cp.id)
                 row.history.append(_Stored(cp_text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), stamped))
                 row.pending = pending
                 row.updated_at = now
@@ -372,6 +376,7 @@ class InMemoryCheckpointer(Checkpointer):
             if start is not None:
                 row.first_seq = row.next_seq = row.floor = start
             row.history, row.pending, row.events = [], [], []
+            row.ids = set()
             row.effects, row.metadata = {}, {}
             row.claim = None
             row.updated_at = None
@@ -415,6 +420,7 @@ class InMemoryCheckpointer(Checkpointer):
         )
         events_before = len(row.events)
         row.history = [stored for stored in row.history if stored.row.id not in removed]
+        row.ids -= removed
         row.floor = floor
         row.events = [event for event in row.events if event.seq >= floor]
         return bool(removed) or len(row.events) != events_before

@@ -34,7 +34,6 @@ the ``COMMIT`` itself failed.
 
 from __future__ import annotations
 
-import copy
 import os
 import sqlite3
 import threading
@@ -910,7 +909,7 @@ class SqliteCheckpointer(Checkpointer):
         if cp is not None:
             if keep_position < (latest_position or 0):
                 n_checkpoints -= conn.execute(_SQL_CUT_HISTORY, (thread_id, keep_position)).rowcount
-            stamped = _stamped(cp, commit.token)
+            stamped = codec.stamp_token(cp, commit.token)
             latest_position = keep_position + 1
             conn.execute(
                 _SQL_INSERT_CHECKPOINT,
@@ -1344,15 +1343,6 @@ class _Numbered:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._draft, name)
-
-
-def _stamped(cp: Checkpoint, token: int) -> Checkpoint:
-    """``cp`` with ``fencing_token`` = ``token``; a shallow copy, without re-validating (the commit checked it)."""
-    if cp.fencing_token == token:
-        return cp
-    stamped = copy.copy(cp)
-    object.__setattr__(stamped, "fencing_token", token)
-    return stamped
 
 
 def _fetch_all(conn: sqlite3.Connection, sql: str, params: Any) -> list[_Row]:
