@@ -7,12 +7,15 @@ threadloom's next to a baseline measured in the same run, on the same machine, a
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import structlog
 
 
 class SectionUnavailable(Exception):
@@ -81,6 +84,17 @@ class Section:
     run: Callable[[Settings], list[Row]]
     order: int = 100
     notes: list[str] = field(default_factory=list)
+
+
+def quiet_logs() -> Callable[[], None]:
+    """Drops threadloom's log lines below WARNING, as a production host would; returns what restores the config.
+
+    The library never configures logging, so an unconfigured structlog would print every ``commit.applied``
+    line: a benchmark would measure the printing.
+    """
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    return lambda: structlog.configure(**saved)
 
 
 def throughput(workers: int, seconds: float, make_worker: Callable[[int], Callable[[], None]]) -> float:

@@ -47,7 +47,9 @@ def discover() -> dict[str, Section]:
 
 
 def _figure(value: float, unit: str) -> str:
-    if math.isinf(value) or math.isnan(value):
+    if math.isnan(value):
+        return "—"  # no figure: a baseline that could not be measured here (its row says why)
+    if math.isinf(value):
         return str(value)
     if unit == "/s":
         return f"{value:,.0f}/s"
@@ -70,7 +72,8 @@ def render(rows: list[Row], skipped: list[tuple[str, str]], settings: Settings, 
         verdict = "" if row.met is None else (" [green]met[/]" if row.met else " [red]missed[/]")
         table.add_row(
             row.section, escape(row.measure), _figure(row.value, row.unit), escape(row.baseline_label),
-            _figure(row.baseline, row.unit), f"{row.ratio:.2f}×", f"{escape(row.goal)}{verdict}",
+            _figure(row.baseline, row.unit), "—" if math.isnan(row.ratio) else f"{row.ratio:.2f}×",
+            f"{escape(row.goal)}{verdict}",
         )
     for name, reason in skipped:
         table.add_row(name, f"[dim]skipped: {escape(reason)}[/]", "", "", "", "", "")
@@ -78,6 +81,11 @@ def render(rows: list[Row], skipped: list[tuple[str, str]], settings: Settings, 
     notes = list(dict.fromkeys(row.note for row in rows if row.note))
     for note in notes:
         console.print(f"[dim]• {escape(note)}[/]")
+
+
+def _number(value: float) -> float | None:
+    """A figure for the JSON output: None for NaN (a baseline not measured here), which JSON cannot hold."""
+    return None if math.isnan(value) else value
 
 
 def _console(stderr: bool = False) -> Console:
@@ -126,8 +134,8 @@ def main(quick: bool, only: tuple[str, ...], seconds: float | None, directory: P
             {
                 "quick": quick,
                 "rows": [
-                    {"section": r.section, "measure": r.measure, "value": r.value, "unit": r.unit,
-                     "baseline": r.baseline, "baseline_label": r.baseline_label, "ratio": r.ratio,
+                    {"section": r.section, "measure": r.measure, "value": _number(r.value), "unit": r.unit,
+                     "baseline": _number(r.baseline), "baseline_label": r.baseline_label, "ratio": _number(r.ratio),
                      "goal": r.goal, "met": r.met, "note": r.note}
                     for r in rows
                 ],

@@ -1,8 +1,10 @@
-"""The benchmark command runs and reports every row of its SQLite section (a smoke test: no speed asserted)."""
+"""The benchmark command runs and reports the rows of its sections (smoke tests: no speed is ever asserted)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,34 @@ def test_unknown_section_is_a_usage_error():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown section" in done.stderr
+
+
+def _bench_module(name: str):
+    """Imports ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
+    folder = str(ROOT / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+def test_runtime_section_reports_supersteps_and_memory_per_live_run(tmp_path):
+    bench = _bench_module("bench_runtime")
+    benchlib = _bench_module("benchlib")
+    settings = benchlib.Settings(quick=True, workdir=tmp_path, seconds=0.05)
+    rows = bench.run(settings, runs=4, parked=5)
+    assert [row.measure for row in rows] == [
+        "supersteps/s, 4 concurrent runs (sqlite)",
+        "supersteps/s, 4 concurrent runs (memory)",
+        "Python heap per live run (tracemalloc)",
+        "RSS per live run",
+    ]
+    for row in rows[:2]:
+        assert row.section == "runtime" and row.unit == "/s"
+        assert row.value > 0 and row.baseline > 0
+        assert row.met in (True, False) and row.goal == "≥ 0.8×"
+        assert "4 writer threads" in row.baseline_label
+    for row in rows[2:]:
+        assert row.unit == "KiB" and row.goal == "report" and row.met is None
+        assert math.isfinite(row.value) and math.isfinite(row.baseline)
+    assert rows[2].value > 0 and rows[2].baseline > 0  # a live run and a stored thread both hold Python objects
+    assert "stored thread" in rows[2].baseline_label and "bare Python thread" in rows[3].baseline_label
