@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
@@ -84,6 +84,10 @@ def check_aware(field: str, value: Any) -> datetime:
         raise ValidationError(field, (f"must be a datetime, got {type(value).__name__}",))
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(field, ("must be timezone-aware (a naive datetime has no defined instant)",))
+    try:  # 9999-12-31T23:00-05:00 is a valid datetime whose instant no UTC datetime holds
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError(field, ("must lie between the years 1 and 9999 in UTC",)) from None
     return value
 
 

@@ -1,7 +1,8 @@
 """``PostgresCheckpointer``: the store shared by every runtime on every machine (seeds 003; DESIGN §3 "Stores").
 
 Threads, checkpoint histories, pending writes, event logs, effect records and claims live in one PostgreSQL
-schema (``PostgresCheckpointerConfig.schema``) that the store creates and migrates itself. It behaves exactly
+schema (``PostgresCheckpointerConfig.schema``, or ``?schema=name`` in the URL given to
+:meth:`PostgresCheckpointer.open`) that the store creates and migrates itself. It behaves exactly
 like :class:`~threadloom.persistence.memory.InMemoryCheckpointer` except that **the database decides time**:
 claim expiry, ``updated_at``, tombstone age and retention age are judged by the server's ``clock_timestamp()``,
 read once a call holds its row locks.
@@ -49,6 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import attrs
 import structlog
@@ -135,8 +137,32 @@ def _check_size(field: str, low: int):
     return lambda _inst, _attr, value: v.check_int(field, value, low=low, high=10_000)
 
 
-def _check_duration(field: str):
-    return lambda _inst, _attr, value: v.check_positive_duration(field, value)
+MIN_CALL_TIMEOUT = timedelta(milliseconds=10)
+"""Shortest ``call_timeout``: below it a call cannot even reach a nearby server (and the migration at
+:meth:`PostgresCheckpointer.open` would always time out)."""
+
+MAX_CALL_TIMEOUT = timedelta(days=1)
+"""Longest ``call_timeout``: it is set on the server in milliseconds (``statement_timeout`` and the other two
+limits are ``int4``, at most about 24.8 days), and a call that may run a day is no longer bounded in any
+useful sense."""
+
+MIN_CONNECT_TIMEOUT = timedelta(milliseconds=10)
+"""Shortest ``connect_timeout``: the wait for a pooled connection."""
+
+MAX_CONNECT_TIMEOUT = timedelta(minutes=10)
+"""Longest ``connect_timeout``: :meth:`PostgresCheckpointer.open` may wait this long for a server, and every
+call this long for a free connection."""
+
+
+def _check_bounded(field: str, low: timedelta, high: timedelta):
+    def check(_inst: Any, _attr: Any, value: Any) -> None:
+        if isinstance(value, timedelta) and value > high:
+            raise ValidationError(field, (f"must be at most {high.total_seconds():g} s ({high}), got {value}",))
+        v.check_positive_duration(field, value)
+        if value < low:
+            raise ValidationError(field, (f"must be at least {low.total_seconds():g} s, got {value}",))
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -149,10 +175,13 @@ class PostgresCheckpointerConfig:
         min_size: connections :meth:`PostgresCheckpointer.open`'s own pool keeps open (>= 0).
         max_size: most connections that pool opens (>= 1, >= ``min_size``). The listener of
             ``await_events_after`` uses one more, outside the pool.
-        connect_timeout: longest wait for a connection (opening one, or taking one from the pool).
+        connect_timeout: longest wait for a connection (opening one, or taking one from the pool): 10 ms to
+            10 minutes (:data:`MIN_CONNECT_TIMEOUT`, :data:`MAX_CONNECT_TIMEOUT`).
         call_timeout: longest a call may run on its connection: set on the server for each transaction
             (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``) and enforced on
-            the client (seeds 003: "Every call returns within a bound").
+            the client (seeds 003: "Every call returns within a bound"): 10 ms to 1 day
+            (:data:`MIN_CALL_TIMEOUT`, :data:`MAX_CALL_TIMEOUT`; the server takes these limits in ``int4``
+            milliseconds).
 
     Raises:
         ValidationError: a field out of range, naming it (``config.schema``, ``config.max_size``…).
@@ -162,10 +191,12 @@ class PostgresCheckpointerConfig:
     min_size: int = attrs.field(default=1, validator=_check_size("config.min_size", 0))
     max_size: int = attrs.field(default=10, validator=_check_size("config.max_size", 1))
     connect_timeout: timedelta = attrs.field(
-        default=timedelta(seconds=5), validator=_check_duration("config.connect_timeout")
+        default=timedelta(seconds=5),
+        validator=_check_bounded("config.connect_timeout", MIN_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT),
     )
     call_timeout: timedelta = attrs.field(
-        default=timedelta(seconds=10), validator=_check_duration("config.call_timeout")
+        default=timedelta(seconds=10),
+        validator=_check_bounded("config.call_timeout", MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT),
     )
 
     def __attrs_post_init__(self) -> None:
@@ -186,6 +217,17 @@ class PostgresCheckpointerConfig:
 # -- error mapping: the one place driver errors become ours ------------------------------------------------------
 
 _CONNECTION_LOST = frozenset({"57P01", "57P02", "57P03", "25P03"})
+_SCHEMA_MISSING = frozenset({"3F000", "42P01"})
+_SCHEMA_MISMATCH = frozenset({"42883", "42703", "42804"})
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` is psycopg's own report of a connection that failed (``OperationalError``)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - then it cannot be one of psycopg's errors
+        return False
+    return isinstance(error, psycopg.OperationalError)
 
 
 def map_error(
@@ -197,17 +239,26 @@ def map_error(
     aborted: str | None = None,
     call_timeout: timedelta | None = None,
     scrub: Callable[[str], str] = lambda text: text,
+    broken: bool | None = None,
+    answered: bool = False,
 ) -> ThreadloomError:
     """The threadloom error for a failure of a database call: the only place psycopg errors are classified.
 
-    Classified by SQLSTATE (never by message text), and by why the watchdog aborted the call, if it did:
+    Classified by SQLSTATE (never by message text), by why the watchdog aborted the call, if it did, and, for an
+    error without a SQLSTATE (raised by the client, not the server), by the state of the call's connection:
 
     * ``aborted == "cancel"``: :class:`CancelledError` (the caller's ``cancel`` was set).
-    * ``aborted == "timeout"``, a lost connection (no SQLSTATE, class ``08``, ``57P01``-``57P03``, ``25P03``):
+    * ``aborted == "timeout"``, or a lost connection (class ``08``, ``57P01``-``57P03``, ``25P03``; or no
+      SQLSTATE and the connection is broken, or, when ``broken`` is not known, psycopg's ``OperationalError``):
       for a write, :class:`OutcomeUnknown` (its COMMIT may have landed), else :class:`ProcessingError`.
+    * a client-side error on a connection that is still sound (no SQLSTATE: psycopg's ``DataError`` or
+      ``ProgrammingError`` while converting a value, ``InterfaceError``, any other exception): nothing was sent,
+      so :class:`ProcessingError` - except when the statement had already been ``answered`` (the error came
+      while reading its rows) and it was a write, which then applied: :class:`OutcomeUnknown`.
     * a server error (any other SQLSTATE): the transaction rolled back, so :class:`ProcessingError`, worded
-      for timeouts (``57014``, ``55P03``), conflicts (class ``40``), a missing schema (``3F000``,
-      ``42P01``, ``42883``) and the rest.
+      for timeouts (``57014``, ``55P03``), conflicts (class ``40``), a missing schema or table (``3F000``,
+      ``42P01``), a schema whose functions or columns do not match this version (``42883``, ``42703``,
+      ``42804``) and the rest.
     * the pool (``PoolTimeout``, ``PoolClosed``): :class:`ProcessingError`.
     * a :class:`ThreadloomError` is returned unchanged.
 
@@ -218,6 +269,8 @@ def map_error(
         aborted: ``"timeout"`` or ``"cancel"`` when the watchdog aborted the call's connection.
         call_timeout: the bound, named in timeout messages.
         scrub: removes secrets (the DSN's password) from driver text.
+        broken: whether the call's connection is closed or broken after the error (None: not known).
+        answered: whether the server had answered the statement (the error came while reading its rows).
 
     Returns:
         The error to raise (the caller raises it ``from`` the driver's error).
@@ -237,13 +290,27 @@ def map_error(
         )
     if kind == "PoolClosed":
         return ProcessingError(operation, f"the connection pool is closed{where}; open a new store")
-    lost = sqlstate is None or sqlstate.startswith("08") or sqlstate in _CONNECTION_LOST
     if aborted == "timeout":
         message = f"no answer from the database within {bound}{where}; the connection was aborted and discarded"
         return OutcomeUnknown(operation, message) if write else ProcessingError(operation, message)
+    if sqlstate is None:
+        lost = broken if broken is not None else _is_connection_error(error)
+    else:
+        lost = sqlstate.startswith("08") or sqlstate in _CONNECTION_LOST
     if lost:
         message = f"the database connection was lost{where} ({detail or kind})"
         return OutcomeUnknown(operation, message) if write else ProcessingError(operation, message)
+    if sqlstate is None:  # raised by the client on a sound connection: a value it could not convert, a misuse
+        text = f"{kind}: {detail}" if detail else kind
+        if answered and write:
+            return OutcomeUnknown(
+                operation, f"the database applied the call{where}, but its answer could not be read ({text})"
+            )
+        if answered:
+            return ProcessingError(operation, f"the database's answer{where} could not be read ({text})")
+        return ProcessingError(
+            operation, f"the database driver refused the call's values{where}; nothing was sent ({text})"
+        )
     if sqlstate == "57014":
         return ProcessingError(operation, f"the database cancelled the call{where} after {bound} ({detail})")
     if sqlstate == "55P03":
@@ -252,9 +319,15 @@ def map_error(
         )
     if sqlstate.startswith("40"):
         return ProcessingError(operation, f"a conflicting transaction{where} made the database roll back ({detail})")
-    if sqlstate in ("3F000", "42P01", "42883"):
+    if sqlstate in _SCHEMA_MISSING:
         return ProcessingError(
             operation, f"the store's schema or one of its tables is missing{where}: was it dropped? ({detail})"
+        )
+    if sqlstate in _SCHEMA_MISMATCH:
+        return ProcessingError(
+            operation,
+            f"the store's schema or functions do not match this version{where} ([{sqlstate}] {detail})"
+            + ("; nothing was written" if write else ""),
         )
     return ProcessingError(operation, f"the database failed{where}: [{sqlstate}] {detail}")
 
@@ -481,29 +554,109 @@ def _require_psycopg() -> None:
         ) from error
 
 
-def _password_of(conninfo: str, kwargs: dict[str, Any] | None = None) -> str | None:
-    secret = (kwargs or {}).get("password")
-    if secret:
-        return str(secret)
+_URI_PREFIXES = ("postgresql://", "postgres://")  # as libpq spells them (case-sensitive)
+_PARSE_REFUSAL = re.compile(r'invalid (?:connection option|URI query parameter):? "([A-Za-z_][A-Za-z0-9_]*)"')
+
+
+def _conninfo_problem(why: str) -> ValidationError:
+    return ValidationError("conninfo", (f"{why} (the string is not shown: it may hold a password)",))
+
+
+def _take_schema(conninfo: str) -> tuple[str, str | None]:
+    """``conninfo`` without its ``schema`` query parameter, and that parameter (None when absent).
+
+    Only a ``postgresql://`` (or ``postgres://``) URL has a query; its parts are found as libpq finds them: the
+    user info ends at the first ``@`` before any ``/`` (a password may hold ``?`` and ``#``), and the query
+    starts at the first ``?`` after it. The value is percent-decoded, as libpq decodes the other parameters.
+
+    Raises:
+        ValidationError: (field ``conninfo``) the user info holds a raw ``/`` or ``@``, which libpq would read
+            as part of the host or database (so a password would be shown as one), or ``schema`` is given twice.
+    """
+    prefix = next((p for p in _URI_PREFIXES if conninfo.startswith(p)), None)
+    if prefix is None:
+        return conninfo, None
+    rest = conninfo[len(prefix) :]
+    stop = next((i for i, ch in enumerate(rest) if ch in "@/"), len(rest))
+    host_start = stop + 1 if stop < len(rest) and rest[stop] == "@" else 0
+    mark = rest.find("?", host_start)
+    last_at = rest.rfind("@", 0, mark if mark >= 0 else len(rest))
+    if last_at >= host_start and ":" in rest[:last_at]:
+        raise _conninfo_problem(
+            "the user name or password holds a raw '/' or '@', which PostgreSQL would read as part of the host "
+            "or database; percent-encode them ('/' as %2F, '@' as %40)"
+        )
+    if mark < 0:
+        return conninfo, None
+    kept: list[str] = []
+    found: list[str] = []
+    for item in rest[mark + 1 :].split("&"):
+        key, _sep, value = item.partition("=")
+        if unquote(key) == "schema":
+            found.append(unquote(value))
+        else:
+            kept.append(item)
+    if not found:
+        return conninfo, None
+    if len(found) > 1:
+        raise ValidationError("conninfo", ("the schema query parameter is given more than once",))
+    query = "&".join(item for item in kept if item)
+    return prefix + rest[:mark] + ("?" + query if query else ""), found[0]
+
+
+def _parse_conninfo(conninfo: str) -> dict[str, Any]:
+    """libpq's reading of ``conninfo`` (psycopg's ``conninfo_to_dict``), refused up front when it has none.
+
+    Raises:
+        ValidationError: (field ``conninfo``) libpq cannot parse it. The message never shows any part of the
+            string (libpq's own message repeats it, password included); it names an unknown option.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
-        from psycopg.conninfo import conninfo_to_dict
+        return conninfo_to_dict(conninfo)
+    except Exception as error:
+        unknown = _PARSE_REFUSAL.search(str(error))
+        if unknown is not None:
+            name = unknown.group(1)
+            hint = ""
+            if name == "schema":
+                hint = "; name the schema in a postgresql:// URL (?schema=name) or in config.schema"
+            raise _conninfo_problem(f"{name!r} is not a connection option libpq knows{hint}") from None
+        raise _conninfo_problem("is not a valid libpq connection string or postgresql:// URL") from None
 
-        return conninfo_to_dict(conninfo).get("password") or None
-    except Exception:
-        return None
+
+def _secrets_of(conninfo: str, parts: dict[str, Any] | None, kwargs: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """Every form of every password ``conninfo`` (read as ``parts``) and ``kwargs`` hold, longest first."""
+    from threadloom.persistence import url_secrets
+
+    found = set(url_secrets(conninfo))
+    for source in (parts or {}, kwargs or {}):
+        for key in ("password", "sslpassword"):
+            if source.get(key):
+                found.add(str(source[key]))
+    return tuple(sorted(found, key=lambda text: (-len(text), text)))
 
 
-def _target_of(conninfo: str) -> str:
-    """Where ``conninfo`` points, without credentials: ``host:port/dbname``."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
+def _target_of(parts: dict[str, Any] | None, secrets: tuple[str, ...] = ()) -> str:
+    """Where a connection string points, from libpq's reading of it: ``user@host:port/dbname``.
 
-        parts = conninfo_to_dict(conninfo)
-    except Exception:
-        return "<unparseable conninfo>"
+    Only those four values are shown - never a password, an option or the string itself; ``<unparsed
+    conninfo>`` when there is no reading. Any password form found in them anyway is replaced by ``***``.
+    """
+    if parts is None:
+        return "<unparsed conninfo>"
     host = parts.get("host") or parts.get("hostaddr") or "localhost"
     port = parts.get("port") or "5432"
-    return f"{host}:{port}/{parts.get('dbname') or ''}"
+    user = parts.get("user")
+    target = f"{user + '@' if user else ''}{host}:{port}/{parts.get('dbname') or ''}"
+    return _scrub_all(secrets, target)
+
+
+def _scrub_all(secrets: tuple[str, ...], text: str) -> str:
+    for secret in secrets:  # longest first: a shorter form inside a longer one goes with it
+        text = text.replace(secret, "***")
+    return text
 
 
 class PostgresCheckpointer(Checkpointer):
@@ -533,7 +686,7 @@ class PostgresCheckpointer(Checkpointer):
         config: PostgresCheckpointerConfig,
         *,
         owns_pool: bool,
-        secret: str | None,
+        secrets: tuple[str, ...],
         target: str,
     ) -> None:
         """Internal: use :meth:`open` or :meth:`create`."""
@@ -545,7 +698,7 @@ class PostgresCheckpointer(Checkpointer):
         self._pool = pool
         self._config = config
         self._owns_pool = owns_pool
-        self._secret = secret
+        self._secrets = secrets
         self._target = target
         self._ClientCursor = ClientCursor
         self._Jsonb = lambda value: Jsonb(value, dumps=codec.dumps)
@@ -590,17 +743,24 @@ class PostgresCheckpointer(Checkpointer):
         """Opens a store over a connection pool of its own, creating or migrating the schema (seeds 003).
 
         Args:
-            conninfo: a libpq connection string or ``postgresql://`` URL. Its password never appears in an
-                error or log line.
+            conninfo: a libpq connection string (``host=… dbname=…``) or ``postgresql://`` URL (percent-encode
+                ``/`` and ``@`` in its user name or password). A URL may name the schema in its query,
+                ``postgresql://…/db?schema=name``: it overrides ``config.schema``, is checked like it, and is
+                taken out before libpq sees the URL. The password never appears in an error, a log line or the
+                store's ``repr`` (which show only ``user@host:port/dbname``), and a string libpq cannot parse is
+                refused before any connection is tried, without showing any of it.
             config: schema, pool sizes and timeouts; ``PostgresCheckpointerConfig()`` by default.
 
         Returns:
             The open store; :meth:`close` closes its pool too.
 
         Raises:
-            ValidationError: ``conninfo`` is not a str, or ``config`` is not a ``PostgresCheckpointerConfig``.
+            ValidationError: ``conninfo`` is not a str or not a connection string libpq can parse, its ``schema``
+                parameter is not a valid schema name (field ``conninfo``), or ``config`` is not a
+                ``PostgresCheckpointerConfig``. Nothing was connected to.
             ProcessingError: the database cannot be reached within ``connect_timeout``, the schema cannot be
-                migrated, or the ``postgres`` extra is missing. Retrying is safe.
+                migrated, or the ``postgres`` extra is missing. Retrying is safe (opening writes nothing a
+                retry could repeat).
         """
         if not isinstance(conninfo, str):
             raise ValidationError("conninfo", (f"must be a str, got {type(conninfo).__name__}",))
@@ -608,8 +768,17 @@ class PostgresCheckpointer(Checkpointer):
         _require_psycopg()
         from psycopg_pool import ConnectionPool
 
-        secret = _password_of(conninfo)
-        target = _target_of(conninfo)
+        conninfo, schema = _take_schema(conninfo)
+        if schema is not None:
+            try:
+                config = attrs.evolve(config, schema=schema)
+            except ValidationError as error:
+                raise ValidationError(
+                    "conninfo", tuple(f"its schema parameter {problem}" for problem in error.problems)
+                ) from None
+        parts = _parse_conninfo(conninfo)
+        secrets = _secrets_of(conninfo, parts)
+        target = _target_of(parts, secrets)
         connect_s = max(2, math.ceil(config.connect_timeout.total_seconds()))
         settings = cls.session_settings(config)
 
@@ -631,7 +800,7 @@ class PostgresCheckpointer(Checkpointer):
             )
         except Exception as error:
             raise ProcessingError(
-                "open", f"invalid connection string for {target}: {cls._scrub_with(secret, _first_line(error))}"
+                "open", f"invalid connection string for {target}: {_scrub_all(secrets, _first_line(error))}"
             ) from None
         try:
             pool.open(wait=config.min_size > 0, timeout=config.connect_timeout.total_seconds())
@@ -640,9 +809,9 @@ class PostgresCheckpointer(Checkpointer):
             raise ProcessingError(
                 "open",
                 f"cannot connect to PostgreSQL at {target} within {config.connect_timeout.total_seconds():g} s "
-                f"({cls._scrub_with(secret, _first_line(error))})",
+                f"({_scrub_all(secrets, _first_line(error))})",
             ) from None
-        store = cls(pool, config, owns_pool=True, secret=secret, target=target)
+        store = cls(pool, config, owns_pool=True, secrets=secrets, target=target)
         try:
             store._migrate()
         except BaseException:
@@ -669,13 +838,12 @@ class PostgresCheckpointer(Checkpointer):
         if not isinstance(pool, ConnectionPool):
             raise ValidationError("pool", (f"must be a psycopg_pool.ConnectionPool, got {type(pool).__name__}",))
         conninfo = pool.conninfo if isinstance(pool.conninfo, str) else ""
-        store = cls(
-            pool,
-            config,
-            owns_pool=False,
-            secret=_password_of(conninfo, dict(pool.kwargs or {})),
-            target=_target_of(conninfo),
-        )
+        try:
+            parts: dict[str, Any] | None = _parse_conninfo(conninfo)
+        except ValidationError:  # the pool's business: it fails to connect and says so
+            parts = None
+        secrets = _secrets_of(conninfo, parts, dict(pool.kwargs or {}))
+        store = cls(pool, config, owns_pool=False, secrets=secrets, target=_target_of(parts, secrets))
         try:
             store._migrate()
         except BaseException:
@@ -774,8 +942,9 @@ class PostgresCheckpointer(Checkpointer):
         except ThreadloomError:
             raise
         except Exception as error:
-            aborted = self._watchdog.leave(call)
-            raise self._error(error, "open", None, write=True, aborted=aborted) from None
+            aborted = self._watchdog.leave(call)  # DDL under an advisory lock, idempotent: never OutcomeUnknown
+            broken = bool(conn.closed or conn.broken)
+            raise self._error(error, "open", None, write=False, aborted=aborted, broken=broken) from None
         finally:
             discard = self._watchdog.leave(call) is not None or discard
             self._give_back(conn, discard=discard, restore=restore)
@@ -790,17 +959,19 @@ class PostgresCheckpointer(Checkpointer):
 
     # -- connections and calls ------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _scrub_with(secret: str | None, text: str) -> str:
-        if secret:
-            text = text.replace(secret, "***")
-        return text
-
     def _scrub(self, text: str) -> str:
-        return self._scrub_with(self._secret, text)
+        return _scrub_all(self._secrets, text)
 
     def _error(
-        self, error: BaseException, operation: str, thread_id: str | None, *, write: bool, aborted: str | None
+        self,
+        error: BaseException,
+        operation: str,
+        thread_id: str | None,
+        *,
+        write: bool,
+        aborted: str | None,
+        broken: bool | None = None,
+        answered: bool = False,
     ) -> ThreadloomError:
         return map_error(
             error,
@@ -810,6 +981,8 @@ class PostgresCheckpointer(Checkpointer):
             aborted=aborted,
             call_timeout=self._config.call_timeout,
             scrub=self._scrub,
+            broken=broken,
+            answered=answered,
         )
 
     def _checkout(self, operation: str, thread_id: str | None) -> tuple[Any, bool]:
@@ -865,29 +1038,31 @@ class PostgresCheckpointer(Checkpointer):
 
         conn, restore = self._checkout(operation, thread_id)
         call = self._watchdog.enter(conn, time.monotonic() + self._deadline_s, cancel)
+        answered = False  # the server answered the statement: an error from here on came reading its rows
         try:
             if write and self._session_limits:  # one prepared statement: its own implicit transaction
                 binary = self._binary_sql.get(statement)
                 if binary is None:  # binary parameters: bodies are sent as they are, never escaped
                     binary = self._binary_sql[statement] = statement.replace("%s", "%b")
-                rows = conn.execute(binary, params, prepare=True, binary=True).fetchall()
+                cur = conn.execute(binary, params, prepare=True, binary=True)
+                answered = True
+                rows = cur.fetchall()
             else:
                 cur = self._ClientCursor(conn, row_factory=self._tuple_row)
                 cur.execute((self._write_prefix if write else self._read_prefix) + statement, params)
+                answered = True
                 while cur.nextset():
                     pass
                 rows = cur.fetchall()
         except BaseException as error:
             aborted = self._watchdog.leave(call)
-            broken = (
-                aborted is not None
-                or conn.closed
-                or conn.broken
-                or conn.info.transaction_status != pq.TransactionStatus.IDLE
-            )
+            lost = bool(conn.closed or conn.broken)
+            broken = aborted is not None or lost or conn.info.transaction_status != pq.TransactionStatus.IDLE
             self._give_back(conn, discard=broken, restore=restore)
             if isinstance(error, Exception):
-                raise self._error(error, operation, thread_id, write=write, aborted=aborted) from None
+                raise self._error(
+                    error, operation, thread_id, write=write, aborted=aborted, broken=lost, answered=answered
+                ) from None
             raise
         aborted = self._watchdog.leave(call)
         self._give_back(conn, discard=aborted is not None, restore=restore)  # it answered; its socket may be shut
@@ -1111,7 +1286,7 @@ class PostgresCheckpointer(Checkpointer):
                 if found or remaining <= 0:
                     return found
                 listening = self._listener.ready.is_set()
-                woke = wake.wait(remaining if listening else min(remaining, poll))
+                woke = wake.wait(min(remaining, threading.TIMEOUT_MAX) if listening else min(remaining, poll))
                 if cancel is not None and cancel.is_set():
                     raise CancelledError(operation)
                 if not woke and listening and time.monotonic() >= deadline:

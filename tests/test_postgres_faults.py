@@ -155,6 +155,43 @@ def test_a_backend_killed_mid_call_leaves_nothing_half_written(harness: PgHarnes
     assert [r.seq for r in records] == [2]
 
 
+def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgHarness) -> None:
+    """Found by hostile testing: open reported a failed migration as an unknown outcome; it is not a write."""
+    from threadloom.persistence import postgres_sql as q
+    from threadloom.persistence.postgres import PostgresCheckpointer
+
+    schema = new_schema_name()
+    locker = psycopg.connect(harness.dsn)  # holds the migration lock of the new schema: open waits on it
+    locker.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (q.SCHEMA_LOCK_CLASS, schema))
+    try:
+        worker, box = in_thread(lambda: PostgresCheckpointer.open(harness.dsn, harness.config(schema=schema)))
+        with psycopg.connect(harness.dsn, autocommit=True) as admin:
+            pid = None
+            deadline = time.monotonic() + 10
+            while pid is None and time.monotonic() < deadline:
+                row = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    ("%pg_advisory_xact_lock%",),
+                ).fetchone()
+                pid = row[0] if row and row[0] != locker.info.backend_pid else None
+                time.sleep(0.02)
+            assert pid is not None, "open never waited on the migration lock"
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        worker.join(15)
+    finally:
+        locker.rollback()
+        locker.close()
+    error = box.get("error")
+    assert type(error) is ProcessingError, f"a failed open is a plain ProcessingError (retrying is safe): {box}"
+    assert error.operation == "open" and "lost" in error.message
+    store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=schema))  # a retry migrates
+    try:
+        assert store.latest("t") is None
+    finally:
+        store.close()
+        drop_schema(harness.dsn, schema)
+
+
 def test_a_stalled_network_hits_the_client_deadline(harness: PgHarness, proxy: StallingProxy) -> None:
     from threadloom.persistence.postgres import PostgresCheckpointer
 
@@ -341,3 +378,70 @@ def test_a_stale_token_from_another_process_is_refused(harness: PgHarness) -> No
         first.commit("t", Commit(token=old, events=[event()]))
     assert (info.value.token, info.value.current) == (old, new)
     assert new > old
+
+
+# -- client-side errors: a value the driver cannot convert is not a lost connection --------------------------------
+
+
+def test_a_stored_value_the_driver_cannot_read_is_a_processing_error(harness: PgHarness) -> None:
+    """Found by hostile testing: psycopg's DataError while loading a timestamp after year 9999 (no SQLSTATE: the
+    client raised it) was reported as a lost connection; the connection is sound and the store goes on."""
+    from threadloom import ThreadQuery
+
+    store = harness.open_pg()
+    token = claim(store, "t")
+    store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""UPDATE "{harness.schema}".threads SET updated_at = '20000-01-01 00:00:00+00' WHERE thread_id = 't'"""
+        )
+    with pytest.raises(ProcessingError) as caught:
+        store.threads(ThreadQuery(tenant_id=None))
+    assert type(caught.value) is ProcessingError and caught.value.operation == "threads"
+    assert "could not be read" in caught.value.message and "lost" not in caught.value.message
+    assert "DataError" in caught.value.message
+    assert store.latest("t").checkpoint.id == "c1"  # the store keeps working
+    assert settled(store.pool), f"a connection leaked: {store.pool.get_stats()}"
+
+
+@pytest.mark.parametrize("caller_pool", [False, True], ids=["own-pool", "caller-pool"])
+def test_a_write_the_driver_refuses_to_send_is_a_processing_error(harness: PgHarness, caller_pool: bool) -> None:
+    """A write whose value the driver cannot convert never left the client: ProcessingError, not an unknown
+    outcome; a write whose answer cannot be read did apply: OutcomeUnknown. Both through the store's one bounded
+    call (``_call``), on both of its paths (prepared binary statements on its own pool, client-side binding on
+    a caller's pool), with values the public methods refuse (so the driver is reached only this way)."""
+    import psycopg_pool
+    from threadloom.persistence.postgres import PostgresCheckpointer
+
+    pool = None
+    if caller_pool:
+        pool = psycopg_pool.ConnectionPool(harness.dsn, min_size=1, max_size=2, open=True)
+        store = PostgresCheckpointer.create(pool, harness.config())
+    else:
+        store = harness.open_pg()
+    try:
+        token = claim(store, "t")
+        with pytest.raises(ProcessingError) as refused:
+            store._call("release", "t", store._sql["RELEASE"], ("t\ud800", token), write=True)
+        assert type(refused.value) is ProcessingError, refused.value
+        assert "nothing was sent" in refused.value.message and "UnicodeEncodeError" in refused.value.message
+        with pytest.raises(OutcomeUnknown) as unread:
+            store._call("release", "t", "SELECT '20000-01-01 00:00:00+00'::timestamptz", (), write=True)
+        assert "applied" in unread.value.message and "could not be read" in unread.value.message
+        store.commit("t", Commit(token=token, events=[event()]))  # the claim was never released
+        assert settled(store.pool), f"a connection leaked: {store.pool.get_stats()}"
+    finally:
+        store.close()
+        if pool is not None:
+            pool.close()
+
+
+def test_an_undefined_function_is_a_version_mismatch_not_a_dropped_schema(harness: PgHarness) -> None:
+    store = harness.open_pg()
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP FUNCTION "{harness.schema}".tl_release')
+    with pytest.raises(ProcessingError) as caught:
+        store.release("t", 1)
+    assert type(caught.value) is ProcessingError
+    assert "do not match this version" in caught.value.message and "dropped" not in caught.value.message
+    assert store.latest("t") is None  # the schema itself is there

@@ -415,9 +415,9 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
         old = harness.open()
         r1 = _commit_run(old, "t1", "r1", None, 2)
         later = _commit_run(old, "t1", "r2", r1[-1], 2)
-        with pytest.raises(ProcessingError) as caught:  # the previous code's schema has no queue
+        with pytest.raises(ProcessingError) as caught:  # the previous code's schema has no queue functions
             old.queue.enqueue("t1", graph_id="g")
-        assert caught.value.operation == "enqueue" and "missing" in caught.value.message
+        assert caught.value.operation == "enqueue" and "do not match this version" in caught.value.message
         old.close()
     assert "run_queue" not in _tables(harness, harness.schema)
 

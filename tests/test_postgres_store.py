@@ -13,8 +13,9 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
+import attrs
 import psycopg
 import psycopg_pool
 import pytest
@@ -99,12 +100,47 @@ def test_config_defaults_match_the_design() -> None:
         ({"min_size": True}, "config.min_size"),
         ({"connect_timeout": timedelta(0)}, "config.connect_timeout"),
         ({"call_timeout": 10}, "config.call_timeout"),
+        # Found by hostile testing: the server takes the call limits in int4 milliseconds (about 24.8 days), and
+        # a call timeout of a microsecond made open an unknown outcome.
+        ({"call_timeout": timedelta.max}, "config.call_timeout"),
+        ({"call_timeout": timedelta(days=1, microseconds=1)}, "config.call_timeout"),
+        ({"call_timeout": timedelta(days=25)}, "config.call_timeout"),
+        ({"call_timeout": timedelta(microseconds=1)}, "config.call_timeout"),
+        ({"call_timeout": timedelta(milliseconds=9)}, "config.call_timeout"),
+        ({"connect_timeout": timedelta(minutes=10, microseconds=1)}, "config.connect_timeout"),
+        ({"connect_timeout": timedelta.max}, "config.connect_timeout"),
+        ({"connect_timeout": timedelta(microseconds=1)}, "config.connect_timeout"),
     ],
 )
 def test_config_refuses_bad_fields_naming_them(changes, field) -> None:
     with pytest.raises(ValidationError) as info:
         PostgresCheckpointerConfig(**changes)
     assert info.value.field == field
+
+
+def test_config_takes_the_timeouts_at_their_bounds() -> None:
+    from threadloom.persistence.postgres import (
+        MAX_CALL_TIMEOUT,
+        MAX_CONNECT_TIMEOUT,
+        MIN_CALL_TIMEOUT,
+        MIN_CONNECT_TIMEOUT,
+    )
+
+    assert (MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT) == (timedelta(milliseconds=10), timedelta(days=1))
+    assert (MIN_CONNECT_TIMEOUT, MAX_CONNECT_TIMEOUT) == (timedelta(milliseconds=10), timedelta(minutes=10))
+    for call, connect in ((MIN_CALL_TIMEOUT, MIN_CONNECT_TIMEOUT), (MAX_CALL_TIMEOUT, MAX_CONNECT_TIMEOUT)):
+        config = PostgresCheckpointerConfig(call_timeout=call, connect_timeout=connect)
+        assert (config.call_timeout, config.connect_timeout) == (call, connect)
+    settings = PostgresCheckpointer.session_settings(PostgresCheckpointerConfig(call_timeout=MAX_CALL_TIMEOUT))
+    assert "statement_timeout = 86400000;" in settings  # fits the server's int4 milliseconds
+
+
+def test_the_longest_call_timeout_is_taken_by_the_server(harness: PgHarness) -> None:
+    store = harness.open_pg(call_timeout=timedelta(days=1), connect_timeout=timedelta(minutes=10))
+    token = claim(store, "t").token
+    assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
+    with store.pool.connection() as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("1d",)
 
 
 def test_channel_is_derived_from_the_schema_and_fits_an_identifier() -> None:
@@ -171,6 +207,45 @@ def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words
     assert mapped.operation == "commit"
     if expected is not CancelledError:
         assert "'t-1'" in mapped.message and words in mapped.message
+
+
+@pytest.mark.parametrize(
+    "error, write, broken, answered, expected, words",
+    [
+        # Found by hostile testing: a value the driver could not convert was reported as a lost connection.
+        (psycopg.DataError("timestamp too large (after year 10K)"), True, False, False, ProcessingError,
+         "nothing was sent"),
+        (psycopg.DataError("PostgreSQL text fields cannot contain NUL"), False, False, False, ProcessingError,
+         "refused"),
+        (psycopg.ProgrammingError("query has 2 placeholders but 1 parameters"), True, False, False, ProcessingError,
+         "nothing was sent"),
+        (psycopg.InterfaceError("cursor already closed"), True, False, False, ProcessingError, "nothing was sent"),
+        (OverflowError("date value out of range"), True, None, False, ProcessingError, "nothing was sent"),
+        (psycopg.DataError("timestamp too large (after year 10K)"), True, None, False, ProcessingError, "refused"),
+        (psycopg.DataError("timestamp too large (after year 10K)"), False, False, True, ProcessingError,
+         "could not be read"),
+        (psycopg.DataError("timestamp too large (after year 10K)"), True, False, True, OutcomeUnknown,
+         "answer could not be read"),
+        (psycopg.OperationalError("consuming input failed"), True, True, False, OutcomeUnknown, "lost"),
+        (psycopg.OperationalError("consuming input failed"), False, True, True, ProcessingError, "lost"),
+        (psycopg.InterfaceError("the connection is lost"), True, True, False, OutcomeUnknown, "lost"),
+        (psycopg.errors.UndefinedFunction("function tl_claim(text, numeric) does not exist"), True, False, False,
+         ProcessingError, "do not match this version"),
+        (psycopg.errors.UndefinedColumn("column x does not exist"), False, False, False, ProcessingError,
+         "do not match this version"),
+    ],
+)
+def test_map_error_tells_a_client_side_error_from_a_lost_connection(
+    error, write, broken, answered, expected, words
+) -> None:
+    mapped = map_error(
+        error, operation="commit", thread_id="t-1", write=write, broken=broken, answered=answered,
+        call_timeout=timedelta(seconds=2),
+    )  # fmt: skip
+    assert type(mapped) is expected, mapped
+    assert "'t-1'" in mapped.message and words in mapped.message, mapped.message
+    if "lost" not in words:
+        assert "lost" not in mapped.message and "dropped" not in mapped.message
 
 
 def test_map_error_passes_our_errors_through_and_scrubs_secrets() -> None:
@@ -393,6 +468,80 @@ def test_cancel_ends_a_wait_promptly_and_leaks_no_connection(harness: PgHarness)
     assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
 
 
+# -- the largest valid values ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("caller_pool", [False, True], ids=["own-pool", "caller-pool"])
+def test_every_call_takes_the_largest_valid_numbers_and_durations(harness: PgHarness, caller_pool: bool) -> None:
+    """Found by hostile testing: a valid value at the edge of its range (2**63 - 1, 100 years) must be kept or
+    answered, never refused by the driver or the server (bigint, interval and timestamp arithmetic)."""
+    from threadloom import RetentionPolicy, SweepPolicy
+    from threadloom.domain.validation import MAX_DURATION, MAX_INT
+
+    if caller_pool:
+        pool = psycopg_pool.ConnectionPool(harness.dsn, min_size=1, max_size=3, open=True)
+        harness._opened.append(store := PostgresCheckpointer.create(pool, harness.config()))
+    else:
+        pool = None
+        store = harness.open_pg(max_size=3)
+    try:
+        held = store.claim("t", ClaimRequest(holder="run-1", ttl=MAX_DURATION))
+        assert held.expires_at - datetime.now(UTC) > MAX_DURATION - timedelta(days=1)
+        renewed = store.renew("t", held.token, MAX_DURATION)
+        assert renewed.expires_at >= held.expires_at
+        store.commit("t", Commit(token=held.token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+        for call, thread_id in (
+            (lambda: store.commit("t", Commit(token=MAX_INT, events=[event()])), "t"),
+            (lambda: store.commit("t", Commit(token=held.token, fence=("other", MAX_INT), events=[event()])), "other"),
+            (lambda: store.delete_thread("t", MAX_INT), "t"),
+            (lambda: store.delete_thread("t", held.token, fence=("other", MAX_INT)), "other"),
+        ):
+            with pytest.raises(StaleClaim) as stale:
+                call()
+            assert (stale.value.thread_id, stale.value.token) == (thread_id, MAX_INT)
+        assert store.events_after("t", MAX_INT, 10_000) == []
+        assert store.await_events_after("t", MAX_INT, 10_000, timedelta(0)) == []
+        huge = RetentionPolicy(max_checkpoints=MAX_INT, max_events=MAX_INT, max_age=MAX_DURATION)
+        store.prune("t", huge)
+        page = store.sweep(SweepPolicy(retention=huge, tombstone_age=MAX_DURATION, batch_size=10_000), None)
+        assert page.visited == ("t",) and page.pruned == () and page.reclaimed == ()
+        assert store.latest("t").checkpoint.id == "c1" and [e.seq for e in store.events_after("t", 0, 10)] == [1]
+        store.compact_events("t", MAX_INT)  # every event so far
+        assert store.events_after("t", 1, 10) == []
+        # A wait of 100 years: a commit wakes it, and its cancel ends it.
+        worker, box = wait_in_thread(store, "t", 1, MAX_DURATION)
+        time.sleep(0.2)
+        store.commit("t", Commit(token=held.token, events=[event("late")]))
+        worker.join(10)
+        assert not worker.is_alive() and [e.seq for e in box.get("value", [])] == [2], box
+        cancel = threading.Event()
+        worker, box = wait_in_thread(store, "t", 2, MAX_DURATION, cancel=cancel)
+        time.sleep(0.2)
+        cancel.set()
+        worker.join(10)
+        assert not worker.is_alive() and isinstance(box.get("error"), CancelledError), box
+        # The latest and earliest instants a datetime holds round-trip; one past them is refused up front.
+        last, first = datetime.max.replace(tzinfo=UTC), datetime.min.replace(tzinfo=UTC)
+        edges = [EventDraft(run_id="run-1", type="edge", timestamp=when) for when in (last, first)]
+        latest = attrs.evolve(checkpoint("t", "c2", "c1"), created_at=last)
+        records = store.commit("t", Commit(token=held.token, checkpoint=latest, events=edges))
+        assert [r.timestamp for r in records] == [last, first]
+        assert [e.timestamp for e in store.events_after("t", 2, 10)] == [last, first]
+        assert store.latest("t").checkpoint.created_at == last
+        for beyond in (datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+                       datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))):  # fmt: skip
+            with pytest.raises(ValidationError) as caught:
+                EventDraft(run_id="run-1", type="edge", timestamp=beyond)
+            assert caught.value.field == "event.timestamp"
+        store.release("t", held.token)
+        again = store.claim("t", ClaimRequest(holder="run-2", ttl=MAX_DURATION))
+        assert again.token > held.token
+    finally:
+        if pool is not None:
+            store.close()
+            pool.close()
+
+
 # -- secrets -----------------------------------------------------------------------------------------------------
 
 
@@ -419,6 +568,121 @@ def test_a_dsn_password_never_reaches_an_error_or_a_log(harness: PgHarness, capl
     assert secret not in text
     assert secret not in caplog.text
     assert secret not in repr(captured)
+
+
+SECRET = "S3cretPW"
+
+# Found by hostile testing: a password holding '/', '#' or '?', given in the query or in a key=value string, was
+# shown in "cannot connect to PostgreSQL at …"; a malformed string was retried for the whole connect timeout and
+# logged by psycopg_pool, password included.
+REACHABLE_NOWHERE = [
+    f"postgresql://user:ab%2F{SECRET}@127.0.0.1:1/db",
+    f"postgresql://user:ab#{SECRET}@127.0.0.1:1/db",
+    f"postgresql://user:ab?{SECRET}@127.0.0.1:1/db",
+    f"postgresql://user@127.0.0.1:1/db?password={SECRET}",
+    f"postgresql://user@127.0.0.1:1/db?sslmode=disable&password={SECRET}&schema=tl_x",
+    f"host=127.0.0.1 port=1 user=user password={SECRET} dbname=db",
+    f"host=127.0.0.1 port=1 user=user password='a b {SECRET}' dbname=db",
+]
+REFUSED_UP_FRONT = [
+    f"postgresql://user:ab/{SECRET}@127.0.0.1:1/db",  # libpq would read the password as host, port and database
+    f"postgresql://user:a@b{SECRET}@127.0.0.1:1/db",
+    f"postgresql://user:{SECRET}@[::1",
+    f"postgresql://user:{SECRET}@127.0.0.1:1/db?bogus=1",
+    f"host=127.0.0.1 password='{SECRET}",
+    f"host=127.0.0.1 password={SECRET} schema=tl_x",
+    f"postgresql://user:{SECRET}@127.0.0.1:1/db?schema=tl_x&schema=tl_y",
+]
+
+
+def _shown(error: BaseException) -> str:
+    return " ".join([str(error), repr(error)])
+
+
+@pytest.mark.parametrize("conninfo", REACHABLE_NOWHERE)
+def test_a_password_never_reaches_a_connect_error_whatever_its_characters(conninfo: str, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    config = PostgresCheckpointerConfig(schema="tl_nowhere", connect_timeout=timedelta(milliseconds=300))
+    with structlog.testing.capture_logs() as captured, pytest.raises(ProcessingError) as caught:
+        PostgresCheckpointer.open(conninfo, config)
+    assert "cannot connect to PostgreSQL at " in caught.value.message
+    assert "127.0.0.1:1/db" in caught.value.message or "127.0.0.1:1/" in caught.value.message
+    assert SECRET not in _shown(caught.value)
+    assert SECRET not in caplog.text and SECRET not in repr(captured)
+
+
+@pytest.mark.parametrize("conninfo", REFUSED_UP_FRONT)
+def test_a_malformed_conninfo_is_refused_before_any_connection_without_echoing_it(conninfo: str, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ValidationError) as caught:
+        PostgresCheckpointer.open(conninfo, PostgresCheckpointerConfig(schema="tl_nowhere"))
+    assert caught.value.field == "conninfo"
+    assert SECRET not in _shown(caught.value) and "127.0.0.1" not in _shown(caught.value)
+    assert not [record for record in caplog.records if record.name.startswith("psycopg")], "no connection was tried"
+    assert SECRET not in caplog.text
+
+
+def test_the_target_shows_only_user_host_port_and_database(harness: PgHarness) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(harness.dsn)
+    parts.update(password=f"x/{SECRET}#?@", application_name="probe")  # carried, unused by the trusting server
+    store = PostgresCheckpointer.open(make_conninfo(**parts), harness.config())
+    try:
+        host, port = parts.get("host") or "localhost", parts.get("port") or "5432"
+        user = f"{parts['user']}@" if parts.get("user") else ""
+        assert repr(store) == (
+            f"PostgresCheckpointer(target='{user}{host}:{port}/{parts.get('dbname') or ''}', "
+            f"schema='{harness.schema}')"
+        )
+    finally:
+        store.close()
+
+
+# -- the schema named in the URL ---------------------------------------------------------------------------------
+
+
+def _with_query(dsn: str, query: str) -> str:
+    if not dsn.startswith(("postgresql://", "postgres://")):
+        pytest.skip("needs the test server as a postgresql:// URL")
+    return f"{dsn}{'&' if '?' in dsn.rpartition('@')[2] else '?'}{query}"
+
+
+def _schemas(dsn: str, *names: str) -> set[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (list(names),)).fetchall()
+    return {row[0] for row in rows}
+
+
+def test_a_schema_named_in_the_url_overrides_the_configs(harness: PgHarness) -> None:
+    other = new_schema_name()
+    encoded = harness.schema.replace("_", "%5F")  # percent-decoded as libpq decodes the other parameters
+    url = _with_query(harness.dsn, f"application_name=tl_probe&schema={encoded}")
+    store = PostgresCheckpointer.open(url, harness.config(schema=other))
+    try:
+        assert store.config.schema == harness.schema and f"schema='{harness.schema}'" in repr(store)
+        token = claim(store, "t").token
+        store.commit("t", Commit(token=token, events=[event()]))
+        with store.pool.connection() as conn:  # the rest of the query reached libpq
+            assert conn.execute("SHOW application_name").fetchone() == ("tl_probe",)
+        assert _schemas(harness.dsn, harness.schema, other) == {harness.schema}
+        via = open_store(_with_query(harness.dsn, f"schema={harness.schema}"))
+        try:
+            assert via.config.schema == harness.schema and [e.seq for e in via.events_after("t", 0, 10)] == [1]
+        finally:
+            via.close()
+    finally:
+        store.close()
+        drop_schema(harness.dsn, other)  # only there if the URL's schema was ignored
+
+
+@pytest.mark.parametrize("value", ["", "bad-name", "pg_mine", "1abc", "a" * 64, "x%3B%20DROP%20TABLE%20y"])
+def test_a_schema_in_the_url_is_checked_like_the_configs(harness: PgHarness, value: str, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ValidationError) as caught:
+        PostgresCheckpointer.open(_with_query(harness.dsn, f"schema={value}"), harness.config())
+    assert caught.value.field == "conninfo" and "schema" in str(caught.value)
+    assert not [record for record in caplog.records if record.name.startswith("psycopg")], "no connection was tried"
 
 
 # -- plans: every bounded read is index-backed ---------------------------------------------------------------
