@@ -39,7 +39,6 @@ extra; :meth:`PostgresCheckpointer.open` then raises ``ProcessingError`` naming 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import os
@@ -335,15 +334,6 @@ def map_error(
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
-
-
-def _stamped(cp: Checkpoint, token: int) -> Checkpoint:
-    """``cp`` with ``fencing_token`` set: ``attrs.evolve`` without validating the (already valid) state again."""
-    if cp.fencing_token == token:
-        return cp
-    stamped = copy.copy(cp)
-    object.__setattr__(stamped, "fencing_token", token)  # a fresh copy, never the caller's value
-    return stamped
 
 
 def _utc(when: datetime) -> datetime:
@@ -1106,7 +1096,7 @@ class PostgresCheckpointer(Checkpointer):
         cp = commit.checkpoint
         body = origin = None
         if cp is not None:
-            body = codec.encode_checkpoint(_stamped(cp, commit.token))
+            body = codec.encode_checkpoint(codec.stamp_token(cp, commit.token))
             origin = cp.origin.parent_thread if cp.origin is not None else None
         thread_json = codec.dumps(thread_id)
         zero = '{"thread_id":' + thread_json + ',"seq":0,"token":0,'
