@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from benchlib import Row, Section, SectionUnavailable, Settings  # noqa: E402
+from benchlib import Row, Section, SectionUnavailable, Settings, quiet_logs  # noqa: E402
 
 
 def discover() -> dict[str, Section]:
@@ -104,6 +104,7 @@ def _console(stderr: bool = False) -> Console:
 @click.option("--json", "json_output", is_flag=True, help="Print the rows as JSON instead of a table.")
 def main(quick: bool, only: tuple[str, ...], seconds: float | None, directory: Path | None, json_output: bool) -> None:
     """Run threadloom's benchmarks and print one table of ratios against same-run baselines."""
+    quiet_logs()  # the benchmark is an application: it shows warnings, not every store's info lines
     sections = discover()
     unknown = [name for name in only if name not in sections]
     if unknown:
