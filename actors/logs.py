@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import structlog
 from threadloom.domain.clock import Clock
+from threadloom.persistence.logs import get_logger
 
-log = structlog.get_logger("threadloom")
+log = get_logger("threadloom")
+"""The runtime's logger; its calls never raise (a closed output must never strand a run)."""
 
 
 def elapsed_ms(clock: Clock, since: datetime) -> float:

@@ -55,7 +55,7 @@ from datetime import timedelta
 from time import perf_counter
 from typing import Any, TypeVar
 
-import structlog
+from threadloom.persistence.logs import get_logger as _safe_logger
 
 from threadloom.domain.errors import CancelledError, StaleClaim, ThreadBusy, ValidationError
 from threadloom.domain.values import (
@@ -77,7 +77,7 @@ from threadloom.domain.values import (
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
 
-_log = structlog.get_logger("threadloom.metrics")
+_log = _safe_logger("threadloom.metrics")
 
 _T = TypeVar("_T")
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import attrs
-import structlog
+from threadloom.persistence.logs import get_logger as _safe_logger
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
@@ -95,7 +95,7 @@ from threadloom.persistence.postgres_queue import PostgresRunQueue
 if TYPE_CHECKING:  # pragma: no cover
     from psycopg_pool import ConnectionPool
 
-log = structlog.get_logger("threadloom.persistence.postgres")
+log = _safe_logger("threadloom.persistence.postgres")
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
