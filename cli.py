@@ -47,7 +47,7 @@ from rich.table import Table
 from rich.text import Text
 
 from threadloom.domain import rules
-from threadloom.domain.errors import CancelledError, ThreadloomError, ValidationError
+from threadloom.domain.errors import CancelledError, ReplayUnavailable, ThreadloomError, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
     EventRecord,
@@ -924,6 +924,15 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
 # -- events --------------------------------------------------------------------------------------------------------------
 
 
+def _earliest_after(store: Checkpointer, thread: str) -> int:
+    """The ``after_seq`` that reads from the earliest event ``thread`` still keeps (0 unless compacted or pruned)."""
+    try:
+        store.events_after(thread, 0, 1)
+    except ReplayUnavailable as error:
+        return error.earliest_seq - 1
+    return 0
+
+
 def _read_events(store: Checkpointer, thread: str, after: int, limit: int) -> list[EventRecord]:
     out: list[EventRecord] = []
     while len(out) < limit:
@@ -996,7 +1005,12 @@ def follow_events(
 
 @cli.command()
 @click.argument("thread")
-@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True, help="Events with seq > AFTER.")
+@click.option(
+    "--after",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Events with seq > AFTER [default: from the earliest event the store still keeps].",
+)
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -1005,14 +1019,17 @@ def follow_events(
 )
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are committed, until Ctrl-C.")
 @click.pass_context
-def events(ctx: click.Context, thread: str, after: int, limit: int | None, follow: bool) -> None:
+def events(ctx: click.Context, thread: str, after: int | None, limit: int | None, follow: bool) -> None:
     """Print THREAD's numbered events after --after, oldest first.
 
-    With --follow, waits for new commits (from any process) and prints each event as it lands; Ctrl-C ends it
-    with exit status 0. With --json, --follow prints one JSON object per line.
+    Without --after it starts at the earliest event still kept (retention and compaction drop older ones). With
+    --follow, waits for new commits (from any process) and prints each event as it lands; Ctrl-C ends it with
+    exit status 0. With --json, --follow prints one JSON object per line.
     """
     state = _state(ctx)
     store = state.store()
+    if after is None:
+        after = _earliest_after(store, thread)
     if follow:
         if state.json_output:
 
@@ -1147,7 +1164,10 @@ def sweep(
             }
         )
     else:
-        table = _table("sweep" + (" (interrupted)" if interrupted else ""), "pages", "visited", "pruned", "reclaimed")
+        table = _table(
+            "sweep" + (" (interrupted)" if interrupted else "") + ": counts of threads",
+            "pages", "threads visited", "threads pruned", "tombstones reclaimed",
+        )
         table.add_row(*(Text(str(n)) for n in (totals.pages, totals.visited, totals.pruned, totals.reclaimed)))
         state.out.print(table)
     if interrupted:

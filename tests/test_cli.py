@@ -441,3 +441,14 @@ def test_help_and_module_entry_point(tmp_path):
     for command in ("threads", "show", "history", "events", "sweep"):
         assert command in done.stdout
     assert not (tmp_path / "threadloom.db").exists()  # --help opens no store
+
+
+def test_events_without_after_start_at_the_earliest_event_kept(db: Path) -> None:
+    """A first-time user's finding: after a sweep, plain ``events THREAD`` failed with ReplayUnavailable."""
+    with SqliteCheckpointer.open(str(db)) as store:
+        store.compact_events("t1", 4)
+    shown = run_json(db, "events", "t1")
+    assert [event["seq"] for event in shown["events"]] == [4, 5]
+    refused = run("--store", url_of(db), "events", "t1", "--after", "1")
+    assert refused.exit_code == 1
+    assert "compacted or pruned" in one_error_line(refused)
