@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
@@ -166,6 +168,38 @@ def decode_effect(text: str, thread_id: str) -> EffectRecord:
         raw = loads(text)
         raw["recorded_at"] = from_micros(raw["recorded_at"])
         return EffectRecord(**raw)
+
+
+def decode_queue_entry(
+    row: tuple[Any, ...], run_ids: Iterable[str], when: Callable[[Any], datetime]
+) -> QueueEntry:
+    """The run-queue entry of a stored row (DESIGN §4); undecodable → ``ProcessingError`` naming the thread.
+
+    Args:
+        row: ``(entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by,
+            lease_expires_at, available_at, enqueued_at, finished_at, error)``, times as the store keeps them.
+        run_ids: the RunIds the entry recorded, in order.
+        when: turns one stored time (never None) into an aware UTC datetime.
+    """
+    (entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by, lease_expires_at,
+     available_at, enqueued_at, finished_at, error) = row
+    with _decoding("run-queue entry", thread_id):
+        return QueueEntry(
+            entry_id=entry_id,
+            thread_id=thread_id,
+            graph_id=graph_id,
+            input=loads(input_text),
+            tenant_id=tenant_id,
+            status=EntryStatus(status),
+            attempts=attempts,
+            run_ids=tuple(run_ids),
+            enqueued_at=when(enqueued_at),
+            available_at=when(available_at),
+            leased_by=leased_by,
+            lease_expires_at=None if lease_expires_at is None else when(lease_expires_at),
+            finished_at=None if finished_at is None else when(finished_at),
+            error=error,
+        )
 
 
 def encode_metadata(metadata: dict[str, str]) -> str:

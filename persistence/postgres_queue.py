@@ -27,7 +27,7 @@ Entry ids and attempts are ``bigint`` and durations microseconds: the public met
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
@@ -45,45 +45,9 @@ def _micros(delta: timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _utc(when: datetime | None) -> datetime | None:
-    return None if when is None else when.astimezone(UTC)
-
-
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
-    (
-        entry_id,
-        thread_id,
-        graph_id,
-        input_text,
-        tenant_id,
-        status,
-        attempts,
-        leased_by,
-        lease_expires_at,
-        available_at,
-        enqueued_at,
-        finished_at,
-        error,
-        run_ids,
-    ) = row
-    with codec._decoding("run-queue entry", thread_id):
-        return QueueEntry(
-            entry_id=entry_id,
-            thread_id=thread_id,
-            graph_id=graph_id,
-            input=codec.loads(input_text),
-            tenant_id=tenant_id,
-            status=EntryStatus(status),
-            attempts=attempts,
-            run_ids=tuple(run_ids or ()),
-            enqueued_at=_utc(enqueued_at),
-            available_at=_utc(available_at),
-            leased_by=leased_by,
-            lease_expires_at=_utc(lease_expires_at),
-            finished_at=_utc(finished_at),
-            error=error,
-        )
+    return codec.decode_queue_entry(row[:13], row[13] or (), lambda when: when.astimezone(UTC))
 
 
 class PostgresRunQueue(RunQueue):

@@ -157,38 +157,7 @@ def open_runs_in(conn: sqlite3.Connection, thread_ids: Iterable[str]) -> dict[st
 
 
 def _entry_value(row: tuple[Any, ...], run_ids: Iterable[str]) -> QueueEntry:
-    (
-        entry_id,
-        thread_id,
-        graph_id,
-        input_text,
-        tenant_id,
-        status,
-        attempts,
-        leased_by,
-        lease_expires_at,
-        available_at,
-        enqueued_at,
-        finished_at,
-        error,
-    ) = row
-    with codec._decoding("run-queue entry", thread_id):
-        return QueueEntry(
-            entry_id=entry_id,
-            thread_id=thread_id,
-            graph_id=graph_id,
-            input=codec.loads(input_text),
-            tenant_id=tenant_id,
-            status=EntryStatus(status),
-            attempts=attempts,
-            run_ids=tuple(run_ids),
-            enqueued_at=codec.from_micros(enqueued_at),
-            available_at=codec.from_micros(available_at),
-            leased_by=leased_by,
-            lease_expires_at=None if lease_expires_at is None else codec.from_micros(lease_expires_at),
-            finished_at=None if finished_at is None else codec.from_micros(finished_at),
-            error=error,
-        )
+    return codec.decode_queue_entry(row, run_ids, codec.from_micros)
 
 
 def _read_entry(conn: sqlite3.Connection, entry_id: int) -> QueueEntry | None:
