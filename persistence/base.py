@@ -86,6 +86,15 @@ def check_commit(thread_id: str, commit: Any) -> Commit:
     return commit
 
 
+OPERATIONS: tuple[str, ...] = (
+    "claim", "renew", "release", "commit", "latest", "checkpoint", "history", "children", "events_after",
+    "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep", "threads",
+    "incomplete",
+)
+"""The public methods of the contract, in DESIGN §3's order (the metered store, the store pair and the contract
+suite all iterate over this one list)."""
+
+
 class Checkpointer(abc.ABC):
     """A store of agent threads: claims, fenced commits, history, events, tombstones, retention (DESIGN §3).
 

@@ -74,7 +74,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
-from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.base import OPERATIONS, Checkpointer
 from threadloom.persistence.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
 
 _log = _safe_logger("threadloom.metrics")
@@ -92,26 +92,6 @@ SWEEP_PRUNED = "threadloom_sweep_pruned_total"
 SWEEP_RECLAIMED = "threadloom_sweep_reclaimed_total"
 WAITS = "threadloom_waits_total"
 
-OPERATIONS: tuple[str, ...] = (
-    "claim",
-    "renew",
-    "release",
-    "commit",
-    "latest",
-    "checkpoint",
-    "history",
-    "children",
-    "events_after",
-    "await_events_after",
-    "compact_events",
-    "delete_thread",
-    "effect",
-    "lookup_run",
-    "prune",
-    "sweep",
-    "threads",
-    "incomplete",
-)
 """Every metered store method: the values of the ``op`` label."""
 
 STORE_METRICS: tuple[MetricSpec, ...] = (

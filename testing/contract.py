@@ -59,7 +59,7 @@ from threadloom.domain.values import (
     ThreadQuery,
     ThreadStatus,
 )
-from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.base import OPERATIONS, Checkpointer
 from threadloom.testing.harness import StoreHarness
 
 __all__ = ["CheckpointerContract", "Writer", "expect", "snapshot", "sweep_all"]
@@ -78,26 +78,7 @@ WAIT = timedelta(seconds=10)
 RESULT_TIMEOUT_S = 30.0
 """Longest a test waits for a worker thread's result before failing (a hang guard, not a speed assertion)."""
 
-METHODS = (
-    "claim",
-    "renew",
-    "release",
-    "commit",
-    "latest",
-    "checkpoint",
-    "history",
-    "children",
-    "events_after",
-    "await_events_after",
-    "compact_events",
-    "delete_thread",
-    "effect",
-    "lookup_run",
-    "prune",
-    "sweep",
-    "threads",
-    "incomplete",
-)
+METHODS = OPERATIONS
 """Every public method of a store but ``close``."""
 
 RUNNING, SUSPENDED, COMPLETED, FAILED = (

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from threadloom.domain.clock import ManualClock
-from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.base import OPERATIONS, Checkpointer
 from threadloom.persistence.memory import InMemoryCheckpointer
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -123,11 +123,7 @@ class AlternatingCheckpointer(Checkpointer):
             return self._stores[next(self._turn)]
 
     def __getattribute__(self, name: str) -> Any:
-        public = (
-            "claim renew release commit latest checkpoint history children events_after await_events_after "
-            "compact_events delete_thread effect lookup_run prune sweep threads incomplete"
-        ).split()
-        if name in public:
+        if name in OPERATIONS:
             if object.__getattribute__(self, "_closed"):
                 return getattr(Checkpointer, name).__get__(self)
             return getattr(object.__getattribute__(self, "_next")(), name)

@@ -13,6 +13,8 @@ Three arrangements over one temporary SQLite file, all reading the harness's :cl
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -145,3 +147,40 @@ class SqliteReopeningHarness(SqliteHarness):
 
 
 __all__ = ["ReopeningCheckpointer", "SqliteHarness", "SqlitePairHarness", "SqliteReopeningHarness"]
+
+
+def query_plan(conn: sqlite3.Connection, sql: str) -> list[str]:
+    """The ``EXPLAIN QUERY PLAN`` lines of ``sql`` with placeholder arguments (named ``:x`` or positional ``?``)."""
+    names = set(re.findall(r":(\w+)", sql))
+    if names:
+        params: Any = {name: "[]" if name == "runs" else 1 for name in names}
+    else:
+        count = max([int(n) for n in re.findall(r"\?(\d+)", sql)] or [sql.count("?")])
+        params = ["[]" if "json_each" in sql else 1] * count
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+
+class VmSteps:
+    """Counts the SQLite virtual-machine steps of a store's calls: the cost of a call, independent of time.
+
+    Needs a store with exactly one pooled connection (one call warms it up).
+    """
+
+    def __init__(self, store: SqliteCheckpointer) -> None:
+        store.latest("warm-up")
+        (self.conn,) = store._idle
+        self.count = 0
+
+    def __call__(self, call: Callable[[], Any]) -> int:
+        self.count = 0
+
+        def tick() -> int:
+            self.count += 1
+            return 0
+
+        self.conn.set_progress_handler(tick, 1)
+        try:
+            call()
+        finally:
+            self.conn.set_progress_handler(None, 1)
+        return self.count

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 import pytest
+from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import (
     Checkpoint,
     CheckpointStatus,
@@ -360,18 +361,12 @@ def test_a_file_of_the_queue_version_is_refused_by_the_previous_code(
 # -- query plans and costs -----------------------------------------------------------------------------------------
 
 
-def _plan(conn: sqlite3.Connection, sql: str) -> list[str]:
-    count = max([int(n) for n in re.findall(r"\?(\d+)", sql)] or [sql.count("?")])
-    params = ["[]" if "json_each" in sql else 1] * count
-    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
-
-
 def test_the_lease_query_reads_the_partial_index_alone(path: str, store: SqliteCheckpointer) -> None:
     conn = raw(path)
     sql = raw(path).execute("SELECT sql FROM sqlite_master WHERE name = 'run_queue_leasable'").fetchone()[0]
     assert sql.endswith("WHERE status = 'open' AND thread_head = 1")
     for name in ("_SQL_Q_NEXT", "_SQL_Q_NEXT_OF"):
-        plan = _plan(conn, sqlite_queue.STATEMENTS[name])
+        plan = query_plan(conn, sqlite_queue.STATEMENTS[name])
         assert plan[0] == "SCAN run_queue USING COVERING INDEX run_queue_leasable", plan
         assert not any("TEMP B-TREE" in line for line in plan), plan
 
@@ -384,7 +379,7 @@ def test_every_queue_statement_is_answered_through_an_index(path: str, store: Sq
     )
     statements = sqlite_queue.STATEMENTS
     assert len(statements) >= 18
-    plans = {name: _plan(conn, sql) for name, sql in statements.items()}
+    plans = {name: query_plan(conn, sql) for name, sql in statements.items()}
     bad = {name: plan for name, plan in plans.items() if any(not allowed.match(line) for line in plan)}
     assert not bad, bad
     expected = {
@@ -395,37 +390,14 @@ def test_every_queue_statement_is_answered_through_an_index(path: str, store: Sq
         "_SQL_Q_HAS_RUN": "run_queue_runs_run (entry_id=? AND run_id=?)",
     }
     for name, fragment in expected.items():
-        assert any(fragment in line for line in _plan(conn, statements[name])), (name, _plan(conn, statements[name]))
-
-
-class _Steps:
-    """Counts the SQLite virtual-machine steps of a call on the store's one pooled connection."""
-
-    def __init__(self, store: SqliteCheckpointer) -> None:
-        store.latest("warm-up")
-        (self.conn,) = store._idle
-        self.count = 0
-
-    def __call__(self, call: Callable[[], Any]) -> int:
-        self.count = 0
-
-        def tick() -> int:
-            self.count += 1
-            return 0
-
-        self.conn.set_progress_handler(tick, 1)
-        try:
-            call()
-        finally:
-            self.conn.set_progress_handler(None, 1)
-        return self.count
+        assert any(fragment in line for line in query_plan(conn, statements[name])), (name, query_plan(conn, statements[name]))
 
 
 def test_a_lease_costs_the_same_behind_a_long_history_and_a_long_thread_backlog(
     store: SqliteCheckpointer, clock: ManualClock
 ) -> None:
     queue = store.queue
-    steps = _Steps(store)
+    steps = VmSteps(store)
 
     def lease_cost() -> int:
         entry = queue.enqueue("fresh", graph_id="g")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import threadloom
+from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import open_store
 from threadloom.domain.clock import ManualClock
 from threadloom.domain.errors import OutcomeUnknown, ProcessingError, ValidationError
@@ -463,16 +464,6 @@ _ALLOWED_PLAN = re.compile(
 )
 
 
-def _plan(conn: sqlite3.Connection, sql: str) -> list[str]:
-    names = set(re.findall(r":(\w+)", sql))
-    if names:
-        params: Any = {name: "[]" if name == "runs" else 1 for name in names}
-    else:
-        count = max([int(n) for n in re.findall(r"\?(\d+)", sql)] or [sql.count("?")])
-        params = ["[]" if "json_each" in sql else 1] * count
-    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
-
-
 def _registry_statements() -> Iterator[str]:
     columns = sqlite_store._REGISTRY_COLUMNS
     base = " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"
@@ -500,7 +491,7 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
     assert len(statements) > 60
     bad = {}
     for name, sql in statements.items():
-        plan = _plan(conn, sql)
+        plan = query_plan(conn, sql)
         wrong = [line for line in plan if not _ALLOWED_PLAN.match(line)]
         if wrong:
             bad[name] = plan
@@ -523,30 +514,7 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
         "registry17": "threads_incomplete (latest_tenant=? AND (updated_at,thread_id)>(?,?))",
     }
     for name, fragment in expected.items():
-        assert any(fragment in line for line in _plan(conn, statements[name])), (name, _plan(conn, statements[name]))
-
-
-class _Steps:
-    """Counts the SQLite virtual-machine steps of the store's calls: the cost of a call, independent of time."""
-
-    def __init__(self, store: SqliteCheckpointer) -> None:
-        store.latest("warm-up")
-        (self.conn,) = store._idle
-        self.count = 0
-
-    def __call__(self, call: Callable[[], Any]) -> int:
-        self.count = 0
-
-        def tick() -> int:
-            self.count += 1
-            return 0
-
-        self.conn.set_progress_handler(tick, 1)
-        try:
-            call()
-        finally:
-            self.conn.set_progress_handler(None, 1)
-        return self.count
+        assert any(fragment in line for line in query_plan(conn, statements[name])), (name, query_plan(conn, statements[name]))
 
 
 def test_reads_of_a_long_history_cost_what_they_cost_on_a_short_one(store: SqliteCheckpointer, clock: ManualClock) -> None:
@@ -555,7 +523,7 @@ def test_reads_of_a_long_history_cost_what_they_cost_on_a_short_one(store: Sqlit
         for n in range(size):
             thread.step(run_id=f"run-{n % 7}", events=1, status=CheckpointStatus.COMPLETED if n % 50 == 0 else CheckpointStatus.RUNNING,
                         effects=[EffectRecord(key=f"k{n}", run_id="r", recorded_at=clock.now())] if n % 10 == 0 else ())
-    steps = _Steps(store)
+    steps = VmSteps(store)
     calls: dict[str, Callable[[str, Thread], Any]] = {
         "latest": lambda t, th: store.latest(t),
         "checkpoint": lambda t, th: store.checkpoint(t, f"{t}-c{th.count - 120}"),
@@ -591,7 +559,7 @@ def test_registry_sweep_and_children_pages_cost_the_same_over_many_threads(
 
     populate("few", 20, "few")
     populate("many", 1000, "many")
-    steps = _Steps(store)
+    steps = VmSteps(store)
     for name, call in {
         "threads": lambda p: store.threads(ThreadQuery(tenant_id=p, limit=10)),
         "threads by status": lambda p: store.threads(ThreadQuery(tenant_id=p, limit=5, statuses=frozenset({ThreadStatus.IDLE}))),
