@@ -148,7 +148,7 @@ class GraphRuntime:
             start_child=self._start_child,
             track_thread=self._track_thread,
         )
-        self._supervisor = Supervisor.start(self._env, queue, sweep)
+        self._supervisor = self._scheduler.actor_class(Supervisor).start(self._env, queue, sweep)
 
     def __repr__(self) -> str:
         return f"GraphRuntime(node_id={self.node_id!r}, store={self.store!r})"
@@ -208,7 +208,7 @@ class GraphRuntime:
             before_admit=before_admit,
         )
         handle: RunHandle = self._ask(operation, Spawn(spec))
-        handle._claimed.result()  # raises the refusal: ThreadBusy, TenantMismatch, InvalidRunState, …
+        handle._wait_claimed()  # raises the refusal: ThreadBusy, TenantMismatch, InvalidRunState, …
         return handle
 
     def start(

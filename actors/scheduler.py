@@ -10,17 +10,20 @@ a virtual-clock scheduler and :class:`SequentialIds`.
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import heapq
 import itertools
 import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from threadloom.actors.logs import log as _log
 from threadloom.domain.clock import Clock
 from threadloom.persistence.clock import SystemClock
+
+_A = TypeVar("_A")
 
 THREAD_PREFIX = "threadloom-"
 """Every thread a :class:`ThreadScheduler` starts is named with this prefix."""
@@ -60,6 +63,25 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def wait(self, event: threading.Event, until: datetime) -> bool:
         """Waits until ``event`` is set (True) or the clock reads ``until`` (False, unless set by then)."""
+
+    def wait_future(self, future: concurrent.futures.Future[Any], timeout: float | None) -> bool:
+        """Waits until ``future`` is done (True) or ``timeout`` seconds passed by the clock (False; None: no limit).
+
+        The default blocks the calling thread; a simulation's scheduler yields to its other tasks instead.
+        """
+        done, _pending = concurrent.futures.wait([future], timeout)
+        return bool(done)
+
+    def condition(self) -> threading.Condition:
+        """A new condition variable for state its tasks share (a subscription's queue); default ``threading``'s."""
+        return threading.Condition()
+
+    def actor_class(self, cls: type[_A]) -> type[_A]:
+        """The class to start for pykka actor class ``cls``: ``cls`` itself (a thread per actor) by default.
+
+        A simulation's scheduler returns a subclass that runs the same actor on its own single-threaded loop.
+        """
+        return cls
 
     @abc.abstractmethod
     def close(self, timeout: timedelta) -> list[str]:

@@ -57,7 +57,7 @@ class Subscription:
         self._policy = policy
         self._tenant_check = tenant_check
         self._on_end = on_end
-        self._cond = threading.Condition()
+        self._cond = scheduler.condition()
         self._queue: collections.deque[EventRecord] = collections.deque()
         self._queued_seq = after_seq
         self._last_seq = after_seq

@@ -202,7 +202,7 @@ class Supervisor(pykka.ThreadingActor):
         """
         if self._closing:
             raise ProcessingError(spec.kind.value, "the runtime is closed; start the run on an open runtime")
-        handle = RunHandle(spec)
+        handle = RunHandle(spec, self._env.scheduler)
         supervisor = self.actor_ref
 
         def ended(run_id: str) -> None:
@@ -211,7 +211,7 @@ class Supervisor(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 pass
 
-        ref = ThreadActor.start(spec, self._env, handle, ended)
+        ref = self._env.scheduler.actor_class(ThreadActor).start(spec, self._env, handle, ended)
         self.registry.add(LiveRun(spec.run_id, spec.thread_id, spec.tenant_id, handle, ref))
         ref.tell(BEGIN)
         return handle

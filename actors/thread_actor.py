@@ -36,6 +36,7 @@ from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,
     OutcomeUnknown,
+    ProcessingError,
     RunFailed,
     StaleClaim,
     TenantMismatch,
@@ -116,7 +117,8 @@ class RunHandle:
         thread_id, run_id, tenant_id, graph_id: the run's.
     """
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, scheduler: Scheduler | None = None) -> None:
+        self._scheduler = scheduler  # waits go through it (a simulation's yields instead of blocking)
         self.thread_id = spec.thread_id
         self.run_id = spec.run_id
         self.tenant_id = spec.tenant_id
@@ -163,25 +165,39 @@ class RunHandle:
 
         Raises:
             RunFailed: a node raised; the run committed a FAILED checkpoint.
+            ThreadBusy: a node's ``ctx.spawn`` found the child thread held by another live run; the run
+                committed nothing for that step and the thread stays incomplete for a recovery.
             StaleClaim: the run lost its claim (another run took the thread over); it wrote nothing after.
             CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
                 for any runtime to recover.
-            ProcessingError: the store failed (the thread stays as its last commit left it).
+            ProcessingError: the store failed, in the run's own calls or in a node's (``ctx.effect``,
+                ``ctx.spawn``); the thread stays as its last commit left it (incomplete, for a recovery).
             TimeoutError: ``timeout`` passed first; the run goes on.
         """
-        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
-        try:
-            return self._done.result(seconds)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running") from None
+        self._await(self._done, timeout)
+        return self._done.result(0)
 
     def exception(self, timeout: timedelta | None = None) -> BaseException | None:
         """The error the run ended with, None if it ended well; waits like :meth:`wait`."""
+        self._await(self._done, timeout)
+        return self._done.exception(0)
+
+    def _await(self, future: concurrent.futures.Future[Any], timeout: timedelta | None) -> None:
+        """Waits (through the runtime's scheduler) until ``future`` is done; TimeoutError after ``timeout``."""
         seconds = None if timeout is None else max(0.0, timeout.total_seconds())
-        try:
-            return self._done.exception(seconds)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running") from None
+        if future.done():
+            return
+        if self._scheduler is not None:
+            done = self._scheduler.wait_future(future, seconds)
+        else:
+            done = bool(concurrent.futures.wait([future], seconds)[0])
+        if not done:
+            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running")
+
+    def _wait_claimed(self) -> RunClaim:
+        """Waits until the run holds its claim (or was refused) and returns it; raises the refusal."""
+        self._await(self._claimed, None)
+        return self._claimed.result(0)
 
     def cancel(self) -> None:
         """Asks the run to stop at its next step boundary (the node in flight finishes and is committed).
@@ -222,6 +238,12 @@ class _NodeDone:
 @attrs.frozen(eq=False)
 class _Cancel:
     """Stop the run at its next step boundary."""
+
+
+TRANSIENT_NODE_ERRORS: tuple[type[BaseException], ...] = (ProcessingError, ThreadBusy)
+"""Errors a node raises that say nothing about its own logic: the store failed (``ProcessingError``, its
+``OutcomeUnknown`` included) or a child thread it spawns is held by another live run (``ThreadBusy``). The run
+ends with the error and commits no FAILED checkpoint; the thread stays incomplete (RUNNING) for a recovery."""
 
 
 def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
@@ -585,6 +607,15 @@ class ThreadRun:
             # Stopping (cancel or close) can make a node fail (a child run it waits for was cancelled too):
             # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
             self._finish_error(CancelledError("run"), release=True)
+            return
+        if message.error is not None and isinstance(message.error, TRANSIENT_NODE_ERRORS):
+            # The node failed because the store did (or a child thread was held by another run), not because
+            # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
+            # the node again (DESIGN §5; found by the simulation, DESIGN §7).
+            self._log.warning(
+                "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
+            )
+            self._finish_error(message.error, release=True)
             return
         if message.error is not None:
             self._fail_node(message.node, _describe(message.error), events, effects, cause=message.error)

@@ -107,6 +107,9 @@ class InMemoryCheckpointer(Checkpointer):
         self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
         self.queue = InMemoryRunQueue(self)
         """The store's run queue (DESIGN §4): shares this lock; its open entries' runs survive retention."""
+        self._planted: frozenset[str] = frozenset()
+        """Test-only: the deliberate bugs the simulation's own tests plant (``simulations/planted.py``); empty
+        in every store a user makes."""
 
     def __repr__(self) -> str:
         return f"InMemoryCheckpointer(clock={self._clock!r})"
@@ -181,7 +184,12 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
         with self._lock:
-            row = self._check_token(thread_id, token)
+            if "renew_unfenced" in self._planted and self._rows.get(thread_id) is not None:
+                row = self._rows[thread_id]  # planted bug: any token renews the thread's claim
+                if row.claim is None:
+                    raise StaleClaim(thread_id, token, None)
+            else:
+                row = self._check_token(thread_id, token)
             claim = row.claim
             assert claim is not None
             claim.expires_at = read_clock(self._clock) + ttl
@@ -204,7 +212,13 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
         with self._lock:
-            row = self._check_token(thread_id, commit.token)
+            if "effect_unfenced" in self._planted and thread_id in self._rows:
+                for effect in commit.effects:  # planted bug: effects recorded before (outside) the fence
+                    self._rows[thread_id].effects.setdefault(effect.key, codec.encode_effect(effect))
+            if "commit_unfenced" in self._planted:
+                row = self._row(thread_id)  # planted bug: no token check
+            else:
+                row = self._check_token(thread_id, commit.token)
             self._check_fence(commit.fence)
             cp = commit.checkpoint
             keep = len(row.history)
@@ -373,6 +387,8 @@ class InMemoryCheckpointer(Checkpointer):
             row = self._check_token(thread_id, token)
             self._check_fence(fence)
             start = rules.tombstone_next_seq(first_seq=row.first_seq, next_seq=row.next_seq)
+            if "seq_reuse_after_delete" in self._planted and start is not None:
+                start = 1  # planted bug: the next incarnation numbers from 1 again
             if start is not None:
                 row.first_seq = row.next_seq = row.floor = start
             row.history, row.pending, row.events = [], [], []
@@ -436,6 +452,7 @@ class InMemoryCheckpointer(Checkpointer):
             ids = sorted(thread_id for thread_id in self._rows if after is None or thread_id > after)
         page = tuple(ids[: policy.batch_size])
         protected = ask_guard(guard, page)  # outside the lock: the guard is user code
+        unguarded = "sweep_unguarded" in self._planted  # planted bug: the guard's answer is ignored
         pruned, reclaimed = [], []
         with self._lock:
             now = read_clock(self._clock)
@@ -444,6 +461,8 @@ class InMemoryCheckpointer(Checkpointer):
                 if row is None:
                     continue
                 runs = protected.get(thread_id, frozenset()) | self.queue.protected_runs(thread_id)
+                if unguarded:
+                    runs = frozenset()
                 if self._prune_row(row, policy.retention, now, runs):
                     pruned.append(thread_id)
                 if (

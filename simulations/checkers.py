@@ -1,0 +1,407 @@
+"""The oracle of a simulation: what every store call really did, the invariants checked at once, the probes.
+
+Every :class:`~threadloom.simulations.store.SimStore` call reports its true outcome here — including a write
+whose caller was told ``OutcomeUnknown`` — and the oracle checks the invariants of DESIGN §7 against its own
+record of each thread:
+
+* **one live claim**: a claim is granted only once the previous one was released, superseded or expired by
+  the granting store's clock;
+* **tokens strictly increase** on every thread;
+* **no stale write applies**: a renew, commit or delete applies only with the thread's current token, and a
+  refused commit leaves nothing behind (no checkpoint, no effect record);
+* **gap-free logs**: events are numbered contiguously within an incarnation and no number is ever reused;
+* **effects**: an effect never runs again once its record is committed (a step that never committed may run
+  it again: counted in the ``effect_rerun_uncommitted`` probe);
+* **retention** never removes a thread's latest checkpoint, nor the newest checkpoint of a run its guard or an
+  open queue entry protects;
+* **subscriptions** deliver each event once, in order, skipping none;
+* **liveness** (checked by the runner once faults heal): every queued run finishes.
+
+The oracle reads the real store directly (never through a node) to check what a refused call left behind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from threadloom.domain.errors import StaleClaim, ThreadBusy, ThreadloomError
+from threadloom.domain.values import Commit, EventRecord, RunClaim, SweepGuard, SweepPage
+from threadloom.simulations.world import EPOCH, World
+
+RUN_RECOVERED = "threadloom.run_recovered"
+
+
+class Violation(Exception):
+    """An invariant failed: ``invariant`` names it, ``detail`` says how."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"{invariant}: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+
+
+class _Thread:
+    __slots__ = (
+        "current",
+        "effects",
+        "expires_at",
+        "gone",
+        "incarnation",
+        "incarnation_seq",
+        "last_seq",
+        "latest",
+        "max_token",
+        "released",
+        "run_newest",
+        "seq_incarnation",
+        "seqs",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.max_token = 0
+        self.current: int | None = None
+        self.expires_at: datetime | None = None
+        self.released = False
+        self.gone = False
+        self.incarnation = 0  # bumped by every delete
+        self.last_seq = 0  # the highest number ever applied on this thread id
+        self.incarnation_seq: int | None = None  # the last number applied in this incarnation
+        self.seqs: dict[int, tuple[str, str]] = {}  # every number ever applied -> (run_id, type)
+        self.seq_incarnation: dict[int, int] = {}  # every number ever applied -> the incarnation it numbered
+        self.effects: dict[str, str] = {}  # this incarnation's effect records: key -> run_id
+        self.latest: str | None = None
+        self.run_newest: dict[str, str] = {}  # run_id -> its newest checkpoint id (this incarnation)
+        self.version = 0
+
+
+def _us(world: World) -> int:
+    return (world.now - EPOCH) // timedelta(microseconds=1)
+
+
+class Oracle:
+    """The record of what the store really did, checked call by call (see the module docstring).
+
+    Args:
+        world: the simulated world (its time stamps the trace).
+        inner: the real store, read directly to check what refused calls left behind.
+    """
+
+    def __init__(self, world: World, inner: Any) -> None:
+        self.world = world
+        self.inner = inner
+        self.threads: dict[str, _Thread] = {}
+        self.trace: list[str] = []
+        self.probes: Counter[str] = Counter()
+        self.violation: Violation | None = None
+        self.violation_at: int | None = None  # the trace length when it was found
+        self.executions: Counter[tuple[str, int, str]] = Counter()
+
+    # -- plumbing ---------------------------------------------------------------------------------------------
+
+    def _thread(self, thread_id: str) -> _Thread:
+        found = self.threads.get(thread_id)
+        if found is None:
+            found = self.threads[thread_id] = _Thread()
+        return found
+
+    def version(self, thread_id: str) -> int:
+        """Bumped by every write applied to the thread (a simulated store's ``await_events_after`` wakes on it)."""
+        found = self.threads.get(thread_id)
+        return found.version if found is not None else 0
+
+    def probe(self, name: str, amount: int = 1) -> None:
+        """Counts an interesting situation (the probe histogram)."""
+        self.probes[name] += amount
+
+    def log(self, who: str, text: str) -> None:
+        """Adds a line to the trace: virtual microseconds, who, what."""
+        self.trace.append(f"{_us(self.world):>11} {who:<6} {text}")
+
+    def fail(self, invariant: str, detail: str) -> None:
+        """Records the first violation (the runner stops the seed after the step that found it)."""
+        self.log("CHECK", f"VIOLATION {invariant}: {detail}")
+        if self.violation is None:
+            self.violation = Violation(invariant, detail)
+            self.violation_at = len(self.trace)
+
+    # -- store calls --------------------------------------------------------------------------------------------
+
+    def note(
+        self, store: Any, op: str, thread_id: str | None, args: tuple[Any, ...], *, result: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Records and checks one store call's true outcome (``error`` when it did not apply)."""
+        who = store.node.name
+        if error is not None:
+            self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {type(error).__name__}")
+            if isinstance(error, StaleClaim):
+                self.probe(f"stale_token_refused.{op}")
+            elif isinstance(error, ThreadBusy):
+                self.probe(f"busy.{op}")
+            if op == "commit":
+                self._check_refused_commit(thread_id, args[1])
+            return
+        self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {_result(op, result)}")
+        if thread_id is None:
+            return
+        handler = getattr(self, f"_on_{op}", None)
+        if handler is not None:
+            handler(store, thread_id, args, result)
+
+    def _on_claim(self, store: Any, thread_id: str, _args: tuple[Any, ...], claim: RunClaim) -> None:
+        st = self._thread(thread_id)
+        if claim.token <= st.max_token:
+            self.fail("tokens strictly increase", f"{thread_id}: granted token {claim.token} after {st.max_token}")
+        if st.current is not None and not st.released and not st.gone and st.expires_at is not None:
+            now = store.store_clock.now()
+            if st.expires_at > now:
+                self.fail(
+                    "at most one live claim",
+                    f"{thread_id}: token {claim.token} granted while token {st.current} was live until "
+                    f"{st.expires_at.isoformat()} (store clock {now.isoformat()})",
+                )
+        self.probe("takeover" if claim.taken_over_from is not None else "claim_granted")
+        st.max_token = max(st.max_token, claim.token)
+        st.current, st.expires_at, st.released, st.gone = claim.token, claim.expires_at, False, False
+
+    def _fenced(self, st: _Thread, thread_id: str, op: str, token: int) -> None:
+        if token != st.current or st.released or st.gone:
+            state = "released" if st.released else "gone with its thread" if st.gone else f"current is {st.current}"
+            self.fail("no stale-token write applied", f"{thread_id}: {op} with token {token} applied ({state})")
+
+    def _on_renew(self, _store: Any, thread_id: str, args: tuple[Any, ...], claim: RunClaim) -> None:
+        st = self._thread(thread_id)
+        self._fenced(st, thread_id, "renew", args[1])
+        if args[1] == st.current:
+            st.expires_at = claim.expires_at
+
+    def _on_release(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
+        st = self._thread(thread_id)
+        if args[1] == st.current:
+            st.released = True
+
+    def _on_commit(self, _store: Any, thread_id: str, args: tuple[Any, ...], records: list[EventRecord]) -> None:
+        st = self._thread(thread_id)
+        commit: Commit = args[1]
+        self._fenced(st, thread_id, "commit", commit.token)
+        expected = st.incarnation_seq + 1 if st.incarnation_seq is not None else None
+        for record in records:
+            if record.seq in st.seqs:
+                self.fail("event numbers never reused", f"{thread_id}: seq {record.seq} numbered twice")
+            elif expected is not None and record.seq != expected:
+                self.fail("gap-free event log", f"{thread_id}: seq {record.seq} follows {expected - 1}")
+            elif expected is None and record.seq <= st.last_seq:
+                self.fail("event numbers never reused", f"{thread_id}: seq {record.seq} after {st.last_seq}")
+            st.seqs[record.seq] = (record.run_id, record.type)
+            st.seq_incarnation[record.seq] = st.incarnation
+            st.last_seq = max(st.last_seq, record.seq)
+            st.incarnation_seq = record.seq
+            expected = record.seq + 1
+            if record.type == RUN_RECOVERED:
+                self.probe("run_recovered")
+        for effect in commit.effects:
+            if effect.key in st.effects:
+                self.probe("effect_record_kept_first")
+            else:
+                st.effects[effect.key] = effect.run_id
+                self.probe("effect_recorded")
+        cp = commit.checkpoint
+        if cp is not None:
+            st.latest = cp.id
+            st.run_newest[cp.run_id] = cp.id
+            if cp.origin is not None:
+                self.probe("child_checkpoint")
+        st.version += 1
+
+    def _check_refused_commit(self, thread_id: str | None, commit: Commit) -> None:
+        """A refused (or lost) commit must have left nothing: no checkpoint, no effect record of its own."""
+        assert thread_id is not None
+        cp = commit.checkpoint
+        try:
+            if cp is not None and self.inner.checkpoint(thread_id, cp.id) is not None:
+                self.fail("no stale-token write applied", f"{thread_id}: refused commit left checkpoint {cp.id}")
+            for effect in commit.effects:
+                found = self.inner.effect(thread_id, effect.key)
+                if found is not None and found.checkpoint_id == effect.checkpoint_id and found.run_id == effect.run_id:
+                    if self._thread(thread_id).effects.get(effect.key) != effect.run_id:
+                        self.fail(
+                            "effects recorded only by fenced commits",
+                            f"{thread_id}: refused commit of run {effect.run_id} left effect record {effect.key!r}",
+                        )
+        except ThreadloomError:
+            return
+
+    def _on_delete_thread(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
+        st = self._thread(thread_id)
+        self._fenced(st, thread_id, "delete_thread", args[1])
+        st.gone, st.latest, st.incarnation_seq = True, None, None
+        st.incarnation += 1
+        st.effects, st.run_newest = {}, {}
+        st.version += 1
+        self.probe("thread_deleted")
+
+    def _on_compact_events(self, _store: Any, thread_id: str, _args: tuple[Any, ...], _result: Any) -> None:
+        self._thread(thread_id).version += 1
+
+    def note_queue(self, store: Any, op: str, args: tuple[Any, ...], *, result: Any = None,
+                   error: BaseException | None = None) -> None:
+        """Records one run-queue call (the trace and the probes)."""
+        if op == "lease" and result is None and error is None:
+            return  # an empty poll: not worth a trace line
+        outcome = type(error).__name__ if error is not None else _queue_result(op, result)
+        self.log(store.node.name, f"queue.{op} {_args(op, args)} -> {outcome}")
+        if error is not None:
+            self.probe(f"queue_refused.{op}")
+        elif op == "lease" and result is not None and result.taken_over_from is not None:
+            self.probe("lease_taken_over")
+
+    # -- sweeps -------------------------------------------------------------------------------------------------
+
+    def guard_for(self, store: Any, guard: SweepGuard | None) -> SweepGuard:
+        """A guard that answers as ``guard`` and notes, for each run it (or an open queue entry) protects, the
+        newest checkpoint that exists at that moment: the sweep must leave it."""
+        return _CheckingGuard(self, store, guard)
+
+    def after_sweep(self, store: Any, page: SweepPage, guard: _CheckingGuard) -> None:
+        """Checks a sweep page: the latest checkpoints and the protected ones are still there."""
+        self.probe("sweep_page")
+        self.probe("thread_pruned", len(page.pruned))
+        self.probe("tombstone_reclaimed", len(page.reclaimed))
+        for thread_id in page.visited:
+            st = self.threads.get(thread_id)
+            if st is None or st.gone or st.latest is None:
+                continue
+            if self.inner.checkpoint(thread_id, st.latest) is None:
+                self.fail("retention keeps the latest checkpoint", f"{thread_id}: latest {st.latest} was removed")
+        for thread_id, kept in sorted(guard.kept.items()):
+            for run_id, cp_id in sorted(kept.items()):
+                if self.inner.checkpoint(thread_id, cp_id) is None:
+                    self.fail(
+                        "retention keeps protected checkpoints",
+                        f"{thread_id}: checkpoint {cp_id} of protected run {run_id} was removed",
+                    )
+
+    # -- effects and subscriptions (reported by the workload) -------------------------------------------------
+
+    def effect_ran(self, who: str, thread_id: str, key: str, run_id: str) -> None:
+        """An effect's function ran: it must not have a committed record on this incarnation of the thread."""
+        st = self._thread(thread_id)
+        self.log(who, f"effect {thread_id} {key} ran for {run_id}")
+        if key in st.effects:
+            self.fail(
+                "effects run at most once",
+                f"{thread_id}: effect {key!r} ran again for {run_id} after run {st.effects[key]} recorded it",
+            )
+        self.executions[(thread_id, st.incarnation, key)] += 1
+        if self.executions[(thread_id, st.incarnation, key)] > 1:
+            self.probe("effect_rerun_uncommitted")
+
+    def delivered(self, who: str, thread_id: str, last: int, event: EventRecord) -> None:
+        """A subscription delivered ``event`` after the event numbered ``last``: in order, once, none skipped."""
+        st = self._thread(thread_id)
+        self.probe("subscription_event")
+        if event.seq <= last:
+            self.fail("subscriptions deliver once in order", f"{thread_id}: seq {event.seq} delivered after {last}")
+            return
+        incarnation = st.seq_incarnation.get(event.seq)
+        skipped = [seq for seq in range(last + 1, event.seq) if st.seq_incarnation.get(seq, -1) == incarnation]
+        if skipped:
+            self.fail("subscriptions deliver once in order", f"{thread_id}: skipped seq {skipped[0]} ({who})")
+        if st.seqs.get(event.seq) not in (None, (event.run_id, event.type)):
+            self.fail("subscriptions deliver once in order", f"{thread_id}: seq {event.seq} is not the event applied")
+
+    # -- the end ----------------------------------------------------------------------------------------------
+
+    def final_check(self) -> None:
+        """Reads every thread's log from the store: contiguous within the incarnation, and what was applied."""
+        for thread_id in sorted(self.threads):
+            st = self.threads[thread_id]
+            if st.gone:
+                continue
+            try:
+                events = self.inner.events_after(thread_id, 0, 1000)
+            except ThreadloomError:
+                continue
+            for before, after in zip(events, events[1:]):
+                if after.seq != before.seq + 1:
+                    self.fail("gap-free event log", f"{thread_id}: the log jumps from {before.seq} to {after.seq}")
+            for event in events:
+                if st.seqs.get(event.seq) != (event.run_id, event.type):
+                    self.fail("gap-free event log", f"{thread_id}: stored seq {event.seq} is not the event applied")
+
+
+class _CheckingGuard:
+    def __init__(self, oracle: Oracle, store: Any, guard: SweepGuard | None) -> None:
+        self._oracle = oracle
+        self._store = store
+        self._guard = guard
+        self.kept: dict[str, dict[str, str]] = {}
+
+    def protected(self, thread_ids: tuple[str, ...]) -> Any:
+        answer = dict(self._guard.protected(thread_ids)) if self._guard is not None else {}
+        queue = getattr(self._store.inner, "queue", None)
+        opened = queue.open_runs(thread_ids) if queue is not None else {}
+        inner = self._oracle.inner
+        for thread_id in sorted(set(answer) | set(opened)):
+            st = self._oracle.threads.get(thread_id)
+            if st is None or st.gone:
+                continue
+            runs = set(answer.get(thread_id, ())) | set(opened.get(thread_id, ()))
+            for run_id in sorted(runs):
+                cp_id = st.run_newest.get(run_id)
+                if cp_id is not None and inner.checkpoint(thread_id, cp_id) is not None:
+                    self.kept.setdefault(thread_id, {})[run_id] = cp_id
+        return answer
+
+
+def _args(op: str, args: tuple[Any, ...]) -> str:
+    if op == "claim":
+        request = args[1]
+        return f"holder={request.holder}"
+    if op in ("renew", "release", "delete_thread"):
+        return f"token={args[1]}"
+    if op == "commit":
+        commit: Commit = args[1]
+        cp = commit.checkpoint
+        cp_text = f" cp={cp.id}:{cp.status.value}" if cp is not None else ""
+        effects = f" effects={','.join(e.key for e in commit.effects)}" if commit.effects else ""
+        return f"token={commit.token}{cp_text} events={len(commit.events)}{effects}"
+    if op in ("events_after",):
+        return f"after={args[1]}"
+    if op == "sweep":
+        return f"after={args[2] if len(args) > 2 else None}"
+    if op in ("renew_lease", "record_run", "finish", "release_lease"):
+        return f"entry={args[0]} attempt={args[1]}" + (f" run={args[2]}" if op == "record_run" else "")
+    if op == "lease":
+        return f"holder={args[0]}"
+    if op == "enqueue":
+        return f"thread={args[0]}"
+    return ""
+
+
+def _result(op: str, result: Any) -> str:
+    if op in ("claim", "renew"):
+        taken = f" taken_over_from={result.taken_over_from}" if getattr(result, "taken_over_from", None) else ""
+        return f"token={result.token}{taken}"
+    if op == "commit":
+        return f"seqs={result[0].seq}..{result[-1].seq}" if result else "ok"
+    if op == "latest":
+        return "none" if result is None else f"{result.checkpoint.id}:{result.checkpoint.status.value}"
+    if op == "events_after":
+        return f"{len(result)} events"
+    if op == "sweep":
+        return f"visited={len(result.visited)} pruned={len(result.pruned)} reclaimed={len(result.reclaimed)}"
+    if op in ("effect", "checkpoint", "lookup_run"):
+        return "none" if result is None else "found"
+    return "ok"
+
+
+def _queue_result(op: str, result: Any) -> str:
+    if op == "lease":
+        return f"entry={result.entry.entry_id} attempt={result.attempt}"
+    if op == "enqueue":
+        return f"entry={result.entry_id}"
+    return "ok"

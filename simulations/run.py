@@ -1,0 +1,591 @@
+"""One simulated seed, end to end: the swarm of faults, the workload, the checks, the verdict (DESIGN §7).
+
+A seed decides everything: how many nodes (runtimes, each a simulated process with its own clock and store
+connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about
+half of the seeds, so rare combinations get seeds of their own), the workload (queued runs with effects and
+child threads, direct starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps), and the
+order of every step. Faults stop at the heal time; the seed then runs until every queued run finished
+(liveness) or the deadline passed.
+
+Run from Python with :func:`simulate_seed`, or from the command line with ``threadloom simulate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import structlog
+from threadloom.actors.graph import Graph, NodeContext, Step
+from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runtime import GraphRuntime
+from threadloom.actors.scheduler import SequentialIds
+from threadloom.domain.errors import ThreadloomError, ValidationError
+from threadloom.domain.queue import EntryStatus
+from threadloom.domain.values import RetentionPolicy, SweepPolicy
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.simulations.checkers import Oracle
+from threadloom.simulations.store import Faults, SimStore
+from threadloom.simulations.world import EPOCH, NodeClock, SimNode, SimScheduler, SimStuck, World
+
+FAULT_KINDS: tuple[str, ...] = ("crash", "pause", "clock", "store", "slow")
+"""The fault kinds a seed may suffer: a node crashes (its actors vanish without releasing); a node pauses past
+its claims' ttl and resumes; clocks jump forward and back; a store write fails before or after it applied (the
+caller sees ``OutcomeUnknown``); store calls are slow."""
+
+STORES: tuple[str, ...] = ("memory", "sqlite")
+"""The stores a simulation can run over."""
+
+PLANTED_BUGS: tuple[str, ...] = (
+    "commit_unfenced",
+    "renew_unfenced",
+    "effect_unfenced",
+    "sweep_unguarded",
+    "seq_reuse_after_delete",
+)
+"""Test-only bugs the simulation must catch, planted in the in-memory store: a commit that does not check its
+token; a renew that does not check its token; effect records written before (outside) the fenced commit; a
+sweep that ignores its guard; event numbers that start again from 1 after a delete."""
+
+TTL = timedelta(seconds=2)
+RENEW_EVERY = timedelta(milliseconds=600)
+HEAL_AT = timedelta(seconds=12)
+DEADLINE = timedelta(seconds=90)
+JOB, CHILD = "sim-job", "sim-child"
+
+
+@attrs.frozen(kw_only=True)
+class SimConfig:
+    """What every seed of a run shares.
+
+    Attributes:
+        store: ``memory`` or ``sqlite`` (a temporary file each seed; every node opens its own store on it).
+        faults: the fault kinds seeds may suffer (a subset of :data:`FAULT_KINDS`).
+        graph: ``module:attr`` naming a user's :class:`~threadloom.actors.graph.Graph` that the queued runs run
+            instead of the built-in one (None: built-in).
+        plant: test-only planted bugs (a subset of :data:`PLANTED_BUGS`; memory store only).
+    """
+
+    store: str = "memory"
+    faults: frozenset[str] = frozenset(FAULT_KINDS)
+    graph: str | None = None
+    plant: frozenset[str] = frozenset()
+
+    def __attrs_post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ValidationError("store", (f"must be one of {', '.join(STORES)}, got {self.store!r}",))
+        unknown = sorted(set(self.faults) - set(FAULT_KINDS))
+        if unknown:
+            raise ValidationError("faults", (f"unknown fault kind {unknown[0]!r}; known: {', '.join(FAULT_KINDS)}",))
+        bad = sorted(set(self.plant) - set(PLANTED_BUGS))
+        if bad:
+            raise ValidationError("plant", (f"unknown planted bug {bad[0]!r}; known: {', '.join(PLANTED_BUGS)}",))
+        if self.plant and self.store != "memory":
+            raise ValidationError("plant", ("planted bugs live in the memory store: use --store memory",))
+
+    def command(self, seed: int) -> str:
+        """The command that replays ``seed`` under this configuration."""
+        parts = ["threadloom", "simulate", "--seed", str(seed)]
+        if self.store != "memory":
+            parts += ["--store", self.store]
+        if set(self.faults) != set(FAULT_KINDS):
+            parts += ["--faults", ",".join(kind for kind in FAULT_KINDS if kind in self.faults) or "none"]
+        if self.graph is not None:
+            parts += ["--graph", self.graph]
+        for bug in sorted(self.plant):
+            parts += ["--plant", bug]
+        return " ".join(parts)
+
+
+@attrs.frozen(kw_only=True)
+class SeedResult:
+    """The verdict of one seed.
+
+    Attributes:
+        seed: the seed.
+        ok: True when no invariant failed and every queued run finished.
+        invariant, detail: the first violation (None when ok).
+        trace: the trace, up to and including the violation when there is one.
+        trace_hash: SHA-256 of the whole trace (the same seed gives the same hash in any process).
+        probes: how often each interesting situation occurred.
+        steps: scheduler steps taken; virtual_s: virtual seconds simulated.
+    """
+
+    seed: int
+    ok: bool
+    invariant: str | None
+    detail: str | None
+    trace: tuple[str, ...]
+    trace_hash: str
+    probes: dict[str, int]
+    steps: int
+    virtual_s: float
+
+
+def load_graph(spec: str) -> Graph:
+    """The :class:`Graph` named by ``module:attr``.
+
+    Raises:
+        ValidationError: the spec is malformed, the module cannot be imported, or the attribute is no Graph.
+    """
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValidationError("graph", (f"must be module:attr, got {spec!r}",))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValidationError("graph", (f"cannot import {module_name!r}: {error}",)) from None
+    found = getattr(module, attr, None)
+    if callable(found) and not isinstance(found, Graph):
+        found = found()
+    if not isinstance(found, Graph):
+        raise ValidationError("graph", (f"{spec!r} is not a threadloom Graph",))
+    return found
+
+
+# -- the workload's graphs --------------------------------------------------------------------------------------
+
+
+def _observed(graph: Graph, world: World, oracle: Oracle) -> Graph:
+    """``graph`` with every ``ctx.effect`` call reported to the oracle when its function really runs."""
+
+    def wrap(fn: Callable[[Any, NodeContext], Step]) -> Callable[[Any, NodeContext], Step]:
+        def node(state: Any, ctx: NodeContext) -> Step:
+            real = ctx.effect
+
+            def effect(key: str, run: Callable[[], Any]) -> Any:
+                def observed() -> Any:
+                    who = world.current.node.name if world.current is not None else "?"
+                    oracle.effect_ran(who, ctx.thread_id, key, ctx.run_id)
+                    return run()
+
+                return real(key, observed)
+
+            ctx.effect = effect  # type: ignore[method-assign]
+            return fn(state, ctx)
+
+        return node
+
+    return Graph(
+        graph.graph_id,
+        {name: wrap(fn) for name, fn in graph.nodes.items()},
+        entry=graph.entry,
+        merge=graph.merge,
+        max_steps=graph.max_steps,
+    )
+
+
+def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
+    def work(most_ms: int) -> None:
+        world.sleep(timedelta(milliseconds=world.rng.randrange(0, most_ms + 1)))
+
+    def plan(state: Any, ctx: NodeContext) -> Step:
+        work(400)
+        ctx.emit("sim.planned", {"n": state.get("n")})
+        return Step(state={**state, "planned": True}, next="act")
+
+    def act(state: Any, ctx: NodeContext) -> Step:
+        work(400)
+        charged = ctx.effect("charge", lambda: {"charged": state.get("n")})
+        if state.get("child"):
+            outcome = ctx.spawn(f"{ctx.thread_id}.c", child, {"n": state.get("n")}).wait()
+            charged = {**charged, "child": outcome.state.get("done")}
+        return Step(state={**state, "charged": charged}, next="finish")
+
+    def finish(state: Any, ctx: NodeContext) -> Step:
+        work(200)
+        return Step(state={**state, "finished": True}, events=[("sim.finished", {"n": state.get("n")})])
+
+    def child_work(state: Any, ctx: NodeContext) -> Step:
+        work(400)
+        done = ctx.effect("child_charge", lambda: True)
+        return Step(state={**state, "done": done})
+
+    def merge(state: Any, update: Any) -> Any:
+        return {**(state or {}), **(update or {})}
+
+    child = Graph(CHILD, {"work": child_work}, entry="work", merge=merge)
+    job = Graph(JOB, {"plan": plan, "act": act, "finish": finish}, entry="plan", merge=merge)
+    return job, child
+
+
+# -- one seed -----------------------------------------------------------------------------------------------------
+
+
+class _Seed:
+    """The state of one seed's run (the world, the store, the nodes, the workload)."""
+
+    def __init__(self, seed: int, config: SimConfig, user_graph: Graph | None, workdir: str | None) -> None:
+        self.seed = seed
+        self.config = config
+        self.world = world = World(seed)
+        rng = world.rng
+        self.store_node = world.node("store")
+        self.store_clock = NodeClock(self.store_node)
+        self.workdir = workdir
+        self.inner = self._open_store("store", self.store_clock)
+        if config.plant:
+            assert isinstance(self.inner, InMemoryCheckpointer)
+            self.inner._planted = frozenset(config.plant)
+        self.oracle = Oracle(world, self.inner)
+        self.faults = Faults()
+        self.kinds = [kind for kind in FAULT_KINDS if kind in config.faults and rng.random() < 0.5]
+        if "store" in self.kinds:
+            self.faults.fail_before = rng.choice((0.02, 0.05, 0.1))
+            self.faults.fail_after = rng.choice((0.02, 0.05, 0.1))
+        if "slow" in self.kinds:
+            self.faults.slow = rng.choice((0.02, 0.05, 0.1))
+            self.faults.slow_for = TTL * rng.choice((0.5, 1, 2))
+        job, child = _builtin_graphs(world)
+        self.graphs = [_observed(user_graph, world, self.oracle)] if user_graph is not None else [
+            _observed(job, world, self.oracle),
+            _observed(child, world, self.oracle),
+        ]
+        self.main_graph = self.graphs[0]
+        self.node_count = rng.choice((2, 2, 3))
+        self.retention = RetentionPolicy(max_checkpoints=rng.choice((1, 2, 3)))
+        self.sweep_every = timedelta(milliseconds=rng.choice((500, 1000, 3000)))
+        self.runtimes: dict[str, GraphRuntime] = {}
+        self.entries: list[int] = []
+        self.restarts = 0
+        self.threads = [f"t{index}" for index in range(1, rng.choice((3, 4, 6)) + 1)]
+        self.oracle.log(
+            "SEED",
+            f"{seed} store={config.store} nodes={self.node_count} faults={','.join(self.kinds) or 'none'} "
+            f"threads={len(self.threads)} retention={self.retention.max_checkpoints} "
+            f"sweep_every_ms={self.sweep_every // timedelta(milliseconds=1)}"
+            + (f" planted={','.join(sorted(config.plant))}" if config.plant else ""),
+        )
+
+    def _open_store(self, name: str, clock: NodeClock) -> Checkpointer:
+        if self.config.store == "memory":
+            if name != "store":
+                return self.inner
+            return InMemoryCheckpointer(clock=clock)
+        from threadloom.persistence.sqlite import SqliteCheckpointer
+
+        assert self.workdir is not None
+        return SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock)
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+
+    def boot(self, name: str) -> None:
+        """Starts node ``name``: its store view, its runtime, its queue workers (a task of the world)."""
+        world = self.world
+        node = world.node(name)
+        clock = NodeClock(node)
+        real = self._open_store(name, clock)
+        store = SimStore(real, node, self.oracle, self.faults, self.store_clock if real is self.inner else clock)
+        scheduler = SimScheduler(node)
+
+        def start() -> None:
+            runtime = GraphRuntime(
+                store,
+                clock=clock,
+                node_id=name,
+                claim_policy=ClaimPolicy(ttl=TTL, renew_every=RENEW_EVERY),
+                watch_policy=WatchPolicy(poll_interval=timedelta(seconds=1)),
+                ids=SequentialIds(),
+                scheduler=scheduler,
+                sweep=SweepSchedule(
+                    policy=SweepPolicy(retention=self.retention, batch_size=4, tombstone_age=timedelta(seconds=1)),
+                    every=self.sweep_every,
+                ),
+                close_timeout=timedelta(seconds=5),
+            )
+            self.runtimes[name] = runtime
+            runtime.serve(
+                {graph.graph_id: graph for graph in self.graphs},
+                concurrency=2,
+                block=False,
+                policy=ServePolicy(
+                    lease_ttl=TTL,
+                    renew_every=RENEW_EVERY,
+                    poll_interval=timedelta(milliseconds=200),
+                    busy_delay=timedelta(milliseconds=300),
+                    max_attempts=None,
+                ),
+            )
+
+        world.spawn(node, "boot", start)
+
+    def live_nodes(self) -> list[SimNode]:
+        return [
+            node for name, node in self.world.nodes.items() if name in self.runtimes and not node.dead
+        ]
+
+    def on_some_node(self, name: str, fn: Callable[[GraphRuntime, SimNode], None]) -> None:
+        nodes = self.live_nodes()
+        if not nodes:
+            return
+        node = self.world.rng.choice(nodes)
+        runtime = self.runtimes[node.name]
+        self.world.spawn(node, name, lambda: fn(runtime, node))
+
+    # -- the workload -------------------------------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Schedules the workload and the faults (all chosen by the seed)."""
+        world, rng = self.world, self.world.rng
+        heal = HEAL_AT
+        for index in range(rng.randrange(3, 9)):
+            thread = rng.choice(self.threads)
+            child = self.config.graph is None and rng.random() < 0.3
+            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread, n=index, c=child: self.enqueue(t, n, c))
+        for index in range(rng.randrange(0, 3)):
+            thread = rng.choice(self.threads)
+            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread, n=100 + index: self.direct_start(t, n))
+        for _ in range(rng.randrange(0, 3)):
+            thread = rng.choice(self.threads)
+            when = rng.uniform(0.1, 0.7) * heal
+            self.at(when, lambda t=thread: self.delete(t))
+            self.at(when + timedelta(seconds=rng.uniform(0.2, 2)), lambda t=thread, n=200: self.enqueue(t, n, False))
+        for _ in range(rng.randrange(0, 3)):
+            thread = rng.choice(self.threads)
+            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread: self.subscribe(t))
+        if "crash" in self.kinds:
+            for _ in range(rng.randrange(1, 3)):
+                self.at(rng.uniform(0.05, 0.8) * heal, self.crash)
+        if "pause" in self.kinds:
+            for _ in range(rng.randrange(1, 3)):
+                self.at(rng.uniform(0.05, 0.8) * heal, self.pause)
+        if "clock" in self.kinds:
+            for _ in range(rng.randrange(1, 4)):
+                self.at(rng.uniform(0.05, 0.8) * heal, self.jump)
+        self.at(heal, self.heal)
+
+    def at(self, offset: timedelta, fn: Callable[[], None]) -> None:
+        self.world.call_at(EPOCH + offset, fn)
+
+    def enqueue(self, thread: str, n: int, child: bool) -> None:
+        payload: dict[str, Any] = {"n": n}
+        if child:
+            payload["child"] = True
+
+        def run(runtime: GraphRuntime, _node: SimNode) -> None:
+            try:
+                entry = runtime.enqueue(thread, self.main_graph.graph_id, payload)
+            except ThreadloomError:
+                self.oracle.probe("enqueue_failed")
+                return
+            self.entries.append(entry.entry_id)
+            self.oracle.probe("entry_enqueued")
+
+        self.on_some_node("enqueue", run)
+
+    def direct_start(self, thread: str, n: int) -> None:
+        def run(runtime: GraphRuntime, _node: SimNode) -> None:
+            try:
+                handle = runtime.start(thread, self.main_graph, {"n": n})
+            except ThreadloomError as error:
+                self.oracle.probe(f"direct_start_refused.{type(error).__name__}")
+                return
+            try:
+                handle.wait()
+                self.oracle.probe("direct_run_completed")
+            except ThreadloomError as error:
+                self.oracle.probe(f"direct_run_ended.{type(error).__name__}")
+
+        self.on_some_node("start", run)
+
+    def delete(self, thread: str) -> None:
+        def run(runtime: GraphRuntime, _node: SimNode) -> None:
+            try:
+                runtime.delete_thread(thread)
+                self.oracle.probe("delete_applied")
+            except ThreadloomError as error:
+                self.oracle.probe(f"delete_refused.{type(error).__name__}")
+
+        self.on_some_node("delete", run)
+
+    def subscribe(self, thread: str) -> None:
+        def run(runtime: GraphRuntime, node: SimNode) -> None:
+            try:
+                subscription = runtime.subscribe(thread)
+            except ThreadloomError as error:
+                self.oracle.probe(f"subscribe_refused.{type(error).__name__}")
+                return
+            last = 0
+            deadline = self.world.now + HEAL_AT
+            while self.world.now < deadline:
+                try:
+                    event = subscription.get(timeout=timedelta(seconds=1))
+                except ThreadloomError as error:
+                    self.oracle.probe(f"subscription_ended.{type(error).__name__}")
+                    return
+                if event is None:
+                    if not subscription.active:
+                        return
+                    continue
+                self.oracle.delivered(node.name, thread, last, event)
+                last = event.seq
+            subscription.cancel()
+
+        self.on_some_node("subscriber", run)
+
+    # -- faults -----------------------------------------------------------------------------------------------
+
+    def crash(self) -> None:
+        nodes = self.live_nodes()
+        if len(nodes) < 1:
+            return
+        node = self.world.rng.choice(nodes)
+        node.dead = True
+        self.oracle.log("FAULT", f"crash {node.name}")
+        self.oracle.probe("node_crashed")
+        self.restarts += 1
+        name = f"{node.name.split('r')[0]}r{self.restarts}"
+        self.at(self.world.now - EPOCH + TTL * self.world.rng.uniform(0.5, 2), lambda: self.boot(name))
+
+    def pause(self) -> None:
+        nodes = [node for node in self.live_nodes() if node.paused_until is None or node.paused_until <= self.world.now]
+        if not nodes:
+            return
+        node = self.world.rng.choice(nodes)
+        length = TTL * self.world.rng.uniform(1.2, 3)
+        node.paused_until = self.world.now + length
+        self.oracle.log("FAULT", f"pause {node.name} for {length.total_seconds():.3f}s")
+        self.oracle.probe("node_paused")
+
+    def jump(self) -> None:
+        rng = self.world.rng
+        candidates = self.live_nodes() + ([self.store_node] if self.config.store == "memory" else [])
+        if not candidates:
+            return
+        node = rng.choice(candidates)
+        delta = TTL * rng.uniform(-1.5, 1.5)
+        node.offset += delta
+        self.oracle.log("FAULT", f"clock {node.name} {delta.total_seconds():+.3f}s")
+        self.oracle.probe("clock_jumped_back" if delta < timedelta(0) else "clock_jumped_forward")
+
+    def heal(self) -> None:
+        self.faults.active = False
+        for node in self.world.nodes.values():
+            if node.paused_until is not None and node.paused_until > self.world.now:
+                node.paused_until = self.world.now
+        self.oracle.log("FAULT", "healed")
+
+    # -- the run --------------------------------------------------------------------------------------------------
+
+    def main(self) -> None:
+        for index in range(1, self.node_count + 1):
+            self.boot(f"n{index}")
+        self.plan()
+        queue = getattr(self.inner, "queue", None)
+        assert queue is not None
+        while True:
+            self.world.sleep(timedelta(seconds=1))
+            if self.world.now - EPOCH < HEAL_AT + TTL:
+                continue
+            entries = [queue.entry(entry_id) for entry_id in self.entries]
+            if all(entry is not None and entry.status.finished for entry in entries):
+                for entry in entries:
+                    assert entry is not None
+                    self.oracle.probe(f"entry_{entry.status.value}")
+                    if entry.attempts > 1:
+                        self.oracle.probe("entry_retried")
+                self.world.stop()
+                return
+            if self.world.now - EPOCH > DEADLINE:
+                open_ = [entry for entry in entries if entry is None or entry.status is EntryStatus.OPEN]
+                first = open_[0]
+                detail = "an entry vanished" if first is None else (
+                    f"entry {first.entry_id} on {first.thread_id} still open after {first.attempts} attempts "
+                    f"at the deadline"
+                )
+                self.oracle.fail("every queued run completes", detail)
+                self.world.stop()
+                return
+
+    def run(self) -> SeedResult:
+        world, oracle = self.world, self.oracle
+
+        def after_step() -> None:
+            if oracle.violation is not None:
+                world.stop()
+
+        world.after_step = after_step
+        try:
+            world.run(self.main, until=EPOCH + DEADLINE + timedelta(seconds=30))
+            if oracle.violation is None:
+                oracle.final_check()
+        except SimStuck as error:
+            oracle.fail("progress", str(error))
+        finally:
+            world.teardown()
+            for runtime_store in {id(self.inner): self.inner}.values():
+                runtime_store.close()
+        trace = oracle.trace
+        digest = hashlib.sha256("\n".join(trace).encode()).hexdigest()
+        violation = oracle.violation
+        shown = tuple(trace[: oracle.violation_at]) if violation is not None else tuple(trace)
+        return SeedResult(
+            seed=self.seed,
+            ok=violation is None,
+            invariant=violation.invariant if violation is not None else None,
+            detail=violation.detail if violation is not None else None,
+            trace=shown,
+            trace_hash=digest,
+            probes=dict(sorted(oracle.probes.items())),
+            steps=world.steps,
+            virtual_s=(world.now - EPOCH).total_seconds(),
+        )
+
+
+_quiet = False
+
+
+def _silence_logs() -> None:
+    """The library logs through structlog; a simulation of thousands of seeds keeps those lines out of the way."""
+    global _quiet
+    if not _quiet and not structlog.is_configured():
+        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
+    _quiet = True
+
+
+def simulate_seed(seed: int, config: SimConfig | None = None, *, graph: Graph | None = None) -> SeedResult:
+    """Runs one seed and returns its verdict (the same seed always gives the same trace and verdict).
+
+    Args:
+        seed: the seed (any int).
+        config: the store, fault kinds, user graph and planted bugs (default: memory, every fault).
+        graph: the user graph already loaded (else ``config.graph`` is loaded).
+
+    Raises:
+        ValidationError: a bad configuration or graph.
+    """
+    config = config or SimConfig()
+    _silence_logs()
+    if graph is None and config.graph is not None:
+        graph = load_graph(config.graph)
+    workdir = tempfile.mkdtemp(prefix="threadloom-sim-") if config.store == "sqlite" else None
+    try:
+        return _Seed(seed, config, graph, workdir).run()
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def simulate(seeds: Iterable[int], config: SimConfig | None = None) -> Iterable[SeedResult]:
+    """Runs each seed in turn, yielding each verdict as it is known."""
+    config = config or SimConfig()
+    graph = load_graph(config.graph) if config.graph is not None else None
+    for seed in seeds:
+        yield simulate_seed(seed, config, graph=graph)
+
+
+def probe_histogram(results: Iterable[SeedResult]) -> Counter[str]:
+    """The probes of many seeds added up."""
+    total: Counter[str] = Counter()
+    for result in results:
+        total.update(result.probes)
+    return total

@@ -1,0 +1,251 @@
+"""The store as one simulated node sees it: every call a yield point, some calls faulty, every outcome checked.
+
+:class:`SimStore` wraps the real store a node uses (a shared in-memory store, or the node's own SQLite store
+over the shared file). Each call first yields to the world (a round trip: the other tasks may run meanwhile),
+then may suffer the faults the seed chose (DESIGN §7): a write that fails *before* it reached the storage, or
+one that applied but whose reply was lost — both reach the caller as ``OutcomeUnknown`` — or a slow call. What
+really happened is reported to the :class:`~threadloom.simulations.checkers.Oracle`, which checks it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from threadloom.domain.clock import Clock
+from threadloom.domain.errors import CancelledError, OutcomeUnknown, ThreadloomError
+from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.values import (
+    Checkpoint,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventRecord,
+    RetentionPolicy,
+    RunClaim,
+    StoredCheckpoint,
+    SweepGuard,
+    SweepPage,
+    SweepPolicy,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+)
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.queue import RunQueue
+from threadloom.simulations.world import SimCrash, SimNode, World
+
+WRITES = frozenset({"claim", "renew", "release", "commit", "delete_thread"})
+"""The store calls a fault can make fail before or after they applied."""
+
+
+class Faults:
+    """The store faults of one seed, and whether they are on (they heal at the world's heal time).
+
+    Attributes:
+        fail_before, fail_after: the chance that a write fails before it applied, or after (each 0..1).
+        slow: the chance that a call is slow, and ``slow_for`` how slow at most.
+        active: False once the faults healed.
+    """
+
+    def __init__(self) -> None:
+        self.fail_before = 0.0
+        self.fail_after = 0.0
+        self.slow = 0.0
+        self.slow_for = timedelta(0)
+        self.active = True
+
+
+class SimStore(Checkpointer):
+    """The store of one simulated node: forwards every call to ``inner``'s public method, as a yield point.
+
+    Args:
+        inner: the real store.
+        node: the node whose calls these are.
+        oracle: receives what each call really did, and checks it.
+        faults: the seed's store faults.
+        store_clock: the clock ``inner`` decides claim expiry by.
+    """
+
+    def __init__(self, inner: Checkpointer, node: SimNode, oracle: Any, faults: Faults, store_clock: Clock) -> None:
+        super().__init__()
+        self.inner = inner
+        self.store_clock = store_clock
+        self.node = node
+        self.world: World = node.world
+        self.oracle = oracle
+        self.faults = faults
+        self.queue = SimQueue(self, inner.queue) if getattr(inner, "queue", None) is not None else None
+
+    def __repr__(self) -> str:
+        return f"SimStore({self.node.name!r})"
+
+    # -- the call ---------------------------------------------------------------------------------------------
+
+    def _latency(self) -> timedelta:
+        world, faults = self.world, self.faults
+        if faults.active and faults.slow and world.rng.random() < faults.slow:
+            self.oracle.probe("slow_call")
+            return timedelta(microseconds=world.rng.randrange(1, max(2, int(faults.slow_for / timedelta(microseconds=1)))))
+        return timedelta(milliseconds=world.rng.choice((0, 0, 1, 2)))
+
+    def _call(self, op: str, thread_id: str | None, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """Yields, applies the faults, calls ``inner``, and reports the outcome to the oracle."""
+        world, faults = self.world, self.faults
+        if self.node.dead:
+            raise SimCrash()
+        world.sleep(self._latency())
+        fault = None
+        if faults.active and op in WRITES:
+            roll = world.rng.random()
+            if roll < faults.fail_before:
+                fault = "before"
+            elif roll < faults.fail_before + faults.fail_after:
+                fault = "after"
+        if fault == "before":
+            self.oracle.note(self, op, thread_id, args, error=OutcomeUnknown(op, "the request was lost"))
+            self.oracle.probe(f"outcome_unknown_not_applied.{op}")
+            raise OutcomeUnknown(op, f"the request of thread {thread_id!r} was lost before it reached the storage")
+        try:
+            result = call(*args, **kwargs)
+        except ThreadloomError as error:
+            self.oracle.note(self, op, thread_id, args, error=error)
+            raise
+        self.oracle.note(self, op, thread_id, args, result=result)
+        if fault == "after":
+            self.oracle.probe(f"outcome_unknown_applied.{op}")
+            raise OutcomeUnknown(op, f"the reply for thread {thread_id!r} was lost after the storage applied it")
+        return result
+
+    # -- the contract -------------------------------------------------------------------------------------------
+
+    def _close(self) -> None:
+        return None
+
+    def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
+        return self._call("claim", thread_id, self.inner.claim, thread_id, request)
+
+    def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
+        return self._call("renew", thread_id, self.inner.renew, thread_id, token, ttl)
+
+    def _release(self, thread_id: str, token: int) -> None:
+        return self._call("release", thread_id, self.inner.release, thread_id, token)
+
+    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+        return self._call("commit", thread_id, self.inner.commit, thread_id, commit)
+
+    def _latest(self, thread_id: str) -> StoredCheckpoint | None:
+        return self._call("latest", thread_id, self.inner.latest, thread_id)
+
+    def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
+        return self._call("checkpoint", thread_id, self.inner.checkpoint, thread_id, checkpoint_id)
+
+    def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]:
+        return self._call("history", thread_id, self.inner.history, thread_id, limit=limit, before=before)
+
+    def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
+        return self._call("children", parent, self.inner.children, parent, limit=limit, after=after)
+
+    def _events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        return self._call("events_after", thread_id, self.inner.events_after, thread_id, after_seq, limit)
+
+    def _await_events_after(
+        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
+    ) -> list[EventRecord]:
+        """Reads; if nothing is there, yields until the oracle saw a write to the thread, ``cancel`` or
+        ``timeout`` (virtual time), and reads again: a store that wakes on commits."""
+        found = self._events_after(thread_id, after_seq, limit)
+        if found:
+            return found
+        version = self.oracle.version(thread_id)
+        self.world.block(
+            lambda: self.oracle.version(thread_id) != version or (cancel is not None and cancel.is_set()),
+            self.world.now + timeout,
+        )
+        if cancel is not None and cancel.is_set():
+            raise CancelledError("await_events_after")
+        return self._events_after(thread_id, after_seq, limit)
+
+    def _compact_events(self, thread_id: str, before_seq: int) -> None:
+        return self._call("compact_events", thread_id, self.inner.compact_events, thread_id, before_seq)
+
+    def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None:
+        return self._call("delete_thread", thread_id, self.inner.delete_thread, thread_id, token, fence=fence)
+
+    def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
+        return self._call("effect", thread_id, self.inner.effect, thread_id, key)
+
+    def _lookup_run(self, thread_id: str, run_ids: frozenset[str]) -> Checkpoint | None:
+        return self._call("lookup_run", thread_id, self.inner.lookup_run, thread_id, sorted(run_ids))
+
+    def _prune(self, thread_id: str, policy: RetentionPolicy) -> None:
+        return self._call("prune", thread_id, self.inner.prune, thread_id, policy)
+
+    def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
+        checking = self.oracle.guard_for(self, guard)
+        page = self._call("sweep", None, self.inner.sweep, policy, checking, after=after)
+        self.oracle.after_sweep(self, page, checking)
+        return page
+
+    def _threads(self, query: ThreadQuery) -> ThreadPage:
+        return self._call("threads", None, self.inner.threads, query)
+
+    def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
+        return self._call("incomplete", None, self.inner.incomplete, tenant_id, limit=limit, after=after)
+
+
+class SimQueue(RunQueue):
+    """The run queue of one simulated node: every call a yield point forwarded to the real queue."""
+
+    def __init__(self, store: SimStore, inner: RunQueue) -> None:
+        self._store = store
+        self._inner = inner
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def _call(self, op: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        store = self._store
+        store.world.sleep(store._latency())
+        try:
+            result = call(*args, **kwargs)
+        except ThreadloomError as error:
+            store.oracle.note_queue(store, op, args, error=error)
+            raise
+        store.oracle.note_queue(store, op, args, result=result)
+        return result
+
+    def _enqueue(
+        self, thread_id: str, graph_id: str, input: Any, tenant_id: str | None, delay: timedelta  # noqa: A002
+    ) -> QueueEntry:
+        return self._call(
+            "enqueue", self._inner.enqueue, thread_id, graph_id=graph_id, input=input, tenant_id=tenant_id, delay=delay
+        )
+
+    def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
+        ids = None if graph_ids is None else sorted(graph_ids)
+        return self._call("lease", self._inner.lease, holder, ttl, graph_ids=ids)
+
+    def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
+        return self._call("renew_lease", self._inner.renew_lease, entry_id, attempt, ttl)
+
+    def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
+        return self._call("record_run", self._inner.record_run, entry_id, attempt, run_id)
+
+    def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry:
+        return self._call("finish", self._inner.finish, entry_id, attempt, status=status, error=error)
+
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
+        return self._call("release_lease", self._inner.release_lease, entry_id, attempt, delay=delay)
+
+    def _entry(self, entry_id: int) -> QueueEntry | None:
+        return self._inner.entry(entry_id)
+
+    def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
+        return self._inner.entries(limit=limit, after=after, status=status)
+
+    def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
+        return self._inner.open_runs(thread_ids)
