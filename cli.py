@@ -88,10 +88,11 @@ LAZY_COMMANDS: dict[str, str] = {
     "stats": "threadloom.stats_cli:stats",
     "demo": "threadloom.demo:demo",
     "demo-worker": "threadloom.demo:demo_worker",
+    "simulate": "threadloom.simulations.cli:simulate_command",
 }
 """Commands defined in other modules: name -> ``"module:attribute"`` (a ``click.Command``), imported on use.
 
-This is where later commands plug in (``demo``, ``simulate``): each is listed once it exists.
+This is where later commands plug in: each is listed once it exists.
 """
 
 _log = structlog.get_logger("threadloom.cli")

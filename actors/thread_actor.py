@@ -167,7 +167,8 @@ class RunHandle:
             RunFailed: a node raised; the run committed a FAILED checkpoint.
             ThreadBusy: a node's ``ctx.spawn`` found the child thread held by another live run; the run
                 committed nothing for that step and the thread stays incomplete for a recovery.
-            StaleClaim: the run lost its claim (another run took the thread over); it wrote nothing after.
+            StaleClaim: the run lost its claim (another run took the thread over); it wrote nothing after. Also
+                when the child run a node waits for lost its own thread: the run then ends as for ThreadBusy.
             CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
                 for any runtime to recover.
             ProcessingError: the store failed, in the run's own calls or in a node's (``ctx.effect``,
@@ -240,10 +241,11 @@ class _Cancel:
     """Stop the run at its next step boundary."""
 
 
-TRANSIENT_NODE_ERRORS: tuple[type[BaseException], ...] = (ProcessingError, ThreadBusy)
+TRANSIENT_NODE_ERRORS: tuple[type[BaseException], ...] = (ProcessingError, ThreadBusy, StaleClaim)
 """Errors a node raises that say nothing about its own logic: the store failed (``ProcessingError``, its
-``OutcomeUnknown`` included) or a child thread it spawns is held by another live run (``ThreadBusy``). The run
-ends with the error and commits no FAILED checkpoint; the thread stays incomplete (RUNNING) for a recovery."""
+``OutcomeUnknown`` included), a child thread it spawns is held by another live run (``ThreadBusy``), or the
+child run it waits for lost its thread to another run (``StaleClaim``). The run ends with the error and commits
+no FAILED checkpoint; the thread stays incomplete (RUNNING) for a recovery."""
 
 
 def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseException | None = None) -> None:

@@ -48,6 +48,7 @@ class _Thread:
         "effects",
         "expires_at",
         "gone",
+        "holder",
         "incarnation",
         "incarnation_seq",
         "last_seq",
@@ -64,6 +65,7 @@ class _Thread:
         self.max_token = 0
         self.current: int | None = None
         self.expires_at: datetime | None = None
+        self.holder: str | None = None
         self.released = False
         self.gone = False
         self.incarnation = 0  # bumped by every delete
@@ -114,7 +116,8 @@ class Oracle:
 
     def probe(self, name: str, amount: int = 1) -> None:
         """Counts an interesting situation (the probe histogram)."""
-        self.probes[name] += amount
+        if amount:
+            self.probes[name] += amount
 
     def log(self, who: str, text: str) -> None:
         """Adds a line to the trace: virtual microseconds, who, what."""
@@ -166,6 +169,7 @@ class Oracle:
         self.probe("takeover" if claim.taken_over_from is not None else "claim_granted")
         st.max_token = max(st.max_token, claim.token)
         st.current, st.expires_at, st.released, st.gone = claim.token, claim.expires_at, False, False
+        st.holder = claim.holder
 
     def _fenced(self, st: _Thread, thread_id: str, op: str, token: int) -> None:
         if token != st.current or st.released or st.gone:
@@ -312,6 +316,18 @@ class Oracle:
             self.fail("subscriptions deliver once in order", f"{thread_id}: skipped seq {skipped[0]} ({who})")
         if st.seqs.get(event.seq) not in (None, (event.run_id, event.type)):
             self.fail("subscriptions deliver once in order", f"{thread_id}: seq {event.seq} is not the event applied")
+
+    def check_released(self, nodes: set[str], now: datetime) -> None:
+        """After ``nodes`` closed their runtimes: no live claim (by the store's clock reading ``now``) is held by
+        a run of theirs."""
+        for thread_id in sorted(self.threads):
+            st = self.threads[thread_id]
+            if st.current is None or st.released or st.gone or st.holder is None:
+                continue
+            if st.expires_at is not None and st.expires_at <= now:
+                continue
+            if st.holder.partition(":")[0] in nodes:
+                self.fail("clean shutdown", f"{thread_id}: token {st.current} of run {st.holder} not released")
 
     # -- the end ----------------------------------------------------------------------------------------------
 

@@ -12,13 +12,15 @@ Run from Python with :func:`simulate_seed`, or from the command line with ``thre
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import logging
 import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -196,6 +198,7 @@ def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
     def act(state: Any, ctx: NodeContext) -> Step:
         work(400)
         charged = ctx.effect("charge", lambda: {"charged": state.get("n")})
+        work(400)  # reading the tool's answer: a pause here makes the step's commit (with its effect) stale
         if state.get("child"):
             outcome = ctx.spawn(f"{ctx.thread_id}.c", child, {"n": state.get("n")}).wait()
             charged = {**charged, "child": outcome.state.get("done")}
@@ -232,6 +235,7 @@ class _Seed:
         self.store_node = world.node("store")
         self.store_clock = NodeClock(self.store_node)
         self.workdir = workdir
+        self.opened: list[Checkpointer] = []
         self.inner = self._open_store("store", self.store_clock)
         if config.plant:
             assert isinstance(self.inner, InMemoryCheckpointer)
@@ -267,14 +271,18 @@ class _Seed:
         )
 
     def _open_store(self, name: str, clock: NodeClock) -> Checkpointer:
+        """The real store node ``name`` uses: the shared memory store, or its own SQLite store on the file."""
         if self.config.store == "memory":
             if name != "store":
                 return self.inner
-            return InMemoryCheckpointer(clock=clock)
-        from threadloom.persistence.sqlite import SqliteCheckpointer
+            opened: Checkpointer = InMemoryCheckpointer(clock=clock)
+        else:
+            from threadloom.persistence.sqlite import SqliteCheckpointer
 
-        assert self.workdir is not None
-        return SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock)
+            assert self.workdir is not None
+            opened = SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock)
+        self.opened.append(opened)
+        return opened
 
     # -- nodes ------------------------------------------------------------------------------------------------
 
@@ -356,7 +364,7 @@ class _Seed:
             for _ in range(rng.randrange(1, 3)):
                 self.at(rng.uniform(0.05, 0.8) * heal, self.crash)
         if "pause" in self.kinds:
-            for _ in range(rng.randrange(1, 3)):
+            for _ in range(rng.randrange(1, 4)):
                 self.at(rng.uniform(0.05, 0.8) * heal, self.pause)
         if "clock" in self.kinds:
             for _ in range(rng.randrange(1, 4)):
@@ -493,6 +501,13 @@ class _Seed:
                     self.oracle.probe(f"entry_{entry.status.value}")
                     if entry.attempts > 1:
                         self.oracle.probe("entry_retried")
+                    if entry.status is EntryStatus.FAILED and self.config.graph is None:
+                        # The built-in graph's nodes never fail by themselves: a FAILED run is the runtime's.
+                        self.oracle.fail(
+                            "every queued run completes",
+                            f"entry {entry.entry_id} on {entry.thread_id} failed: {entry.error}",
+                        )
+                self.close_all()
                 self.world.stop()
                 return
             if self.world.now - EPOCH > DEADLINE:
@@ -505,6 +520,23 @@ class _Seed:
                 self.oracle.fail("every queued run completes", detail)
                 self.world.stop()
                 return
+
+    def close_all(self) -> None:
+        """Closes every live node's runtime (a clean shutdown, each on its own node) and checks that afterwards
+        no claim is held by a run of a closed node."""
+        world = self.world
+        closing = []
+        for name in sorted(self.runtimes):
+            node = world.nodes[name]
+            if not node.dead:
+                closing.append(world.spawn(node, "close", self.runtimes[name].close))
+        world.block(lambda: all(task.done for task in closing), world.now + DEADLINE)
+        if not all(task.done for task in closing):
+            self.oracle.fail("clean shutdown", "a runtime's close() did not return")
+            return
+        closed = {world.nodes[name].name for name in self.runtimes if not world.nodes[name].dead}
+        self.oracle.log("SEED", f"closed {','.join(sorted(closed))}")
+        self.oracle.check_released(closed, self.store_clock.now())
 
     def run(self) -> SeedResult:
         world, oracle = self.world, self.oracle
@@ -522,8 +554,8 @@ class _Seed:
             oracle.fail("progress", str(error))
         finally:
             world.teardown()
-            for runtime_store in {id(self.inner): self.inner}.values():
-                runtime_store.close()
+            for opened in self.opened:
+                opened.close()
         trace = oracle.trace
         digest = hashlib.sha256("\n".join(trace).encode()).hexdigest()
         violation = oracle.violation
@@ -541,15 +573,25 @@ class _Seed:
         )
 
 
-_quiet = False
-
-
-def _silence_logs() -> None:
-    """The library logs through structlog; a simulation of thousands of seeds keeps those lines out of the way."""
-    global _quiet
-    if not _quiet and not structlog.is_configured():
-        structlog.configure(logger_factory=structlog.ReturnLoggerFactory())
-    _quiet = True
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Drops the library's log lines while a seed runs (the trace is the seed's record), then restores
+    structlog's configuration as it was: thousands of simulated runs would otherwise flood stderr."""
+    configured = structlog.is_configured()
+    saved = structlog.get_config()
+    structlog.configure(
+        processors=[],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+        logger_factory=structlog.ReturnLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield
+    finally:
+        if configured:
+            structlog.configure(**saved)
+        else:
+            structlog.reset_defaults()
 
 
 def simulate_seed(seed: int, config: SimConfig | None = None, *, graph: Graph | None = None) -> SeedResult:
@@ -564,12 +606,12 @@ def simulate_seed(seed: int, config: SimConfig | None = None, *, graph: Graph | 
         ValidationError: a bad configuration or graph.
     """
     config = config or SimConfig()
-    _silence_logs()
     if graph is None and config.graph is not None:
         graph = load_graph(config.graph)
     workdir = tempfile.mkdtemp(prefix="threadloom-sim-") if config.store == "sqlite" else None
     try:
-        return _Seed(seed, config, graph, workdir).run()
+        with _quiet_logs():
+            return _Seed(seed, config, graph, workdir).run()
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,276 @@
+"""``threadloom simulate``: run seeds of the deterministic simulation and report them (DESIGN §7).
+
+Prints a verdict per failing seed, the probe histogram (how often each interesting situation occurred, and in
+how many seeds), and for a failure the shortest failing trace with the exact command that replays it. One seed
+(``--seed S`` alone) prints its whole trace. ``--jobs`` spreads the seeds over worker processes; the verdicts do
+not depend on it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from threadloom.cli import EXIT_FAILED, CliError, CliState, printable
+from threadloom.domain.errors import ValidationError
+from threadloom.simulations.regressions import REGRESSION_SEEDS
+from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, simulate
+
+BATCH = 25
+"""Seeds per task sent to a worker process."""
+
+
+def _parse_faults(text: str) -> frozenset[str]:
+    if text.strip() == "all":
+        return frozenset(FAULT_KINDS)
+    if text.strip() == "none":
+        return frozenset()
+    kinds = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [kind for kind in kinds if kind not in FAULT_KINDS]
+    if unknown or not kinds:
+        raise ValidationError(
+            "faults", (f"must be all, none or a comma list of {', '.join(FAULT_KINDS)}; got {text!r}",)
+        )
+    return frozenset(kinds)
+
+
+def _batch(config: SimConfig, seeds: Sequence[int], path: Sequence[str]) -> list[SeedResult]:
+    """Runs ``seeds`` in a worker process (its import path as the parent's, for ``--graph``)."""
+    for entry in reversed(path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    return [_slim(result) for result in simulate(seeds, config)]
+
+
+def _slim(result: SeedResult) -> SeedResult:
+    """A passing seed's result without its trace (the hash stays): what crosses process boundaries."""
+    if result.ok:
+        return SeedResult(
+            seed=result.seed,
+            ok=True,
+            invariant=None,
+            detail=None,
+            trace=(),
+            trace_hash=result.trace_hash,
+            probes=result.probes,
+            steps=result.steps,
+            virtual_s=result.virtual_s,
+        )
+    return result
+
+
+def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bool = False) -> Iterator[SeedResult]:
+    """Runs ``seeds`` (on ``jobs`` processes) and yields their results in seed order."""
+    if jobs <= 1 or len(seeds) <= BATCH:
+        for result in simulate(seeds, config):
+            yield result if keep_trace else _slim(result)
+        return
+    batches = [list(seeds[index : index + BATCH]) for index in range(0, len(seeds), BATCH)]
+    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(_batch, config, batch, list(sys.path)) for batch in batches]
+        for future in futures:
+            yield from future.result()
+
+
+@click.command()
+@click.option("--seeds", "count", type=click.IntRange(1, 10_000_000), default=None, help="How many seeds (default 100; 1 with --seed).")
+@click.option("--seed", "first", type=int, default=None, help="The first seed (default 0); alone, runs just this seed and prints its trace.")
+@click.option("--store", "store_kind", type=click.Choice(STORES), default="memory", show_default=True, help="The store the nodes share (sqlite: a temporary file per seed).")
+@click.option("--faults", default="all", show_default=True, metavar="KINDS", help=f"Fault kinds seeds may suffer: all, none, or a comma list of {', '.join(FAULT_KINDS)}.")
+@click.option("--graph", default=None, metavar="MODULE:ATTR", help="Run your Graph (importable from the current directory) instead of the built-in workload graph.")
+@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
+@click.option("--regressions", is_flag=True, help="Replay the kept regression seeds instead (each must give its recorded verdict).")
+@click.option("--trace", "show_trace", is_flag=True, help="Print the trace of every seed run (long).")
+@click.option("--plant", multiple=True, hidden=True, type=click.Choice(PLANTED_BUGS), help="Test only: plant a bug in the memory store.")
+@click.pass_context
+def simulate_command(
+    ctx: click.Context,
+    count: int | None,
+    first: int | None,
+    store_kind: str,
+    faults: str,
+    graph: str | None,
+    jobs: int,
+    regressions: bool,
+    show_trace: bool,
+    plant: tuple[str, ...],
+) -> None:
+    """Run the deterministic simulation of crashes and takeovers over seeds (DESIGN §7).
+
+    Each seed runs 2-3 simulated nodes (runtimes with their own clocks) over one store on a single thread with a
+    virtual clock: queued runs with effects and child threads, direct starts, deletes, subscriptions and sweeps,
+    under the faults the seed picks (crashes, pauses past the claim ttl, clock jumps, store writes failing
+    before or after they applied, slow calls). Every store call is checked against the invariants; once the
+    faults heal, every queued run must complete. Exits 1 if any seed failed, printing the shortest failing
+    trace and the command that replays it. The same seed always gives the same trace.
+    """
+    state = ctx.find_object(CliState)
+    if state is None:
+        raise CliError("internal: the command ran without the threadloom group")
+    if graph is not None and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if regressions:
+        _replay_regressions(state, jobs)
+        return
+    config = SimConfig(store=store_kind, faults=_parse_faults(faults), graph=graph, plant=frozenset(plant))
+    start = first if first is not None else 0
+    total = count if count is not None else (1 if first is not None else 100)
+    seeds = list(range(start, start + total))
+    single = total == 1
+    began = time.perf_counter()
+    results = list(run_seeds(config, seeds, jobs, keep_trace=single or show_trace))
+    elapsed = time.perf_counter() - began
+    failed = [result for result in results if not result.ok]
+    if state.json_output:
+        state.emit(_document(config, results, failed, elapsed))
+    else:
+        _print(state, config, results, failed, elapsed, single or show_trace)
+    if failed:
+        raise CliError(
+            f"{len(failed)} of {len(results)} seed(s) failed; replay the shortest: "
+            f"{config.command(min(failed, key=lambda r: len(r.trace)).seed)}",
+            exit_code=EXIT_FAILED,
+            kind="SimulationFailed",
+        )
+
+
+def _histogram(results: Sequence[SeedResult]) -> list[tuple[str, int, int]]:
+    total: Counter[str] = Counter()
+    seeds: Counter[str] = Counter()
+    for result in results:
+        total.update(result.probes)
+        seeds.update(result.probes.keys())
+    return [(name, total[name], seeds[name]) for name in sorted(total)]
+
+
+def _document(config: SimConfig, results: Sequence[SeedResult], failed: Sequence[SeedResult], elapsed: float) -> dict[str, Any]:
+    shortest = min(failed, key=lambda r: len(r.trace)) if failed else None
+    return {
+        "store": config.store,
+        "faults": [kind for kind in FAULT_KINDS if kind in config.faults],
+        "graph": config.graph,
+        "seeds": len(results),
+        "first_seed": results[0].seed if results else None,
+        "passed": len(results) - len(failed),
+        "failed": len(failed),
+        "seconds": round(elapsed, 3),
+        "seeds_per_second": round(len(results) / elapsed, 2) if elapsed > 0 else None,
+        "steps": sum(result.steps for result in results),
+        "virtual_seconds": round(sum(result.virtual_s for result in results), 3),
+        "probes": {name: {"count": count, "seeds": seeds} for name, count, seeds in _histogram(results)},
+        "failures": [
+            {"seed": r.seed, "invariant": r.invariant, "detail": r.detail, "command": config.command(r.seed)}
+            for r in failed
+        ],
+        "shortest": None if shortest is None else {
+            "seed": shortest.seed,
+            "command": config.command(shortest.seed),
+            "trace": list(shortest.trace),
+        },
+        "trace_hashes": {str(r.seed): r.trace_hash for r in results} if len(results) <= 100 else None,
+    }
+
+
+def _print(
+    state: CliState,
+    config: SimConfig,
+    results: Sequence[SeedResult],
+    failed: Sequence[SeedResult],
+    elapsed: float,
+    show_trace: bool,
+) -> None:
+    out = state.out
+    if show_trace:
+        for result in results:
+            out.print(Text(f"seed {result.seed}: trace {result.trace_hash}", style="bold"))
+            for line in result.trace:
+                out.print(Text(printable(line)), soft_wrap=True)
+    rate = len(results) / elapsed if elapsed > 0 else float("inf")
+    kinds = ",".join(kind for kind in FAULT_KINDS if kind in config.faults) or "none"
+    out.print(
+        Text(
+            f"{len(results)} seed(s) from {results[0].seed} on {config.store}, faults {kinds}"
+            + (f", graph {config.graph}" if config.graph else "")
+            + f": {len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.1f} s ({rate:.1f} seeds/s; "
+            f"{sum(r.steps for r in results):,} steps, {sum(r.virtual_s for r in results):,.0f} virtual s)",
+            style="red" if failed else "green",
+        )
+    )
+    table = Table(title="probes: how often each situation occurred", title_justify="left", header_style="bold")
+    for column in ("probe", "count", "seeds"):
+        table.add_column(column, justify="left" if column == "probe" else "right")
+    for name, count, seeds in _histogram(results):
+        table.add_row(Text(name), Text(f"{count:,}"), Text(f"{seeds:,}"))
+    out.print(table)
+    if not failed:
+        return
+    verdicts = Table(title="failing seeds", title_justify="left", header_style="bold")
+    for column in ("seed", "invariant", "detail"):
+        verdicts.add_column(column)
+    for result in failed[:50]:
+        verdicts.add_row(Text(str(result.seed)), Text(result.invariant or ""), Text(printable(result.detail or "")))
+    out.print(verdicts)
+    shortest = min(failed, key=lambda r: len(r.trace))
+    out.print(Text(f"shortest failing trace: seed {shortest.seed}, {len(shortest.trace)} lines", style="bold"))
+    for line in shortest.trace:
+        out.print(Text(printable(line)), soft_wrap=True)
+    out.print(Text(f"replay: {config.command(shortest.seed)}", style="bold"))
+
+
+def _replay_regressions(state: CliState, jobs: int) -> None:
+    rows = []
+    wrong = []
+    for kept in REGRESSION_SEEDS:
+        config = SimConfig(store=kept.store, plant=frozenset(kept.plant))
+        result = next(iter(run_seeds(config, [kept.seed], 1)))
+        expected_ok = not kept.plant
+        good = result.ok == expected_ok
+        rows.append((kept, result, good))
+        if not good:
+            wrong.append(config.command(kept.seed))
+    if state.json_output:
+        state.emit(
+            [
+                {
+                    "seed": kept.seed,
+                    "store": kept.store,
+                    "plant": list(kept.plant),
+                    "expected": "pass" if not kept.plant else "caught",
+                    "verdict": "pass" if result.ok else f"failed: {result.invariant}",
+                    "ok": good,
+                }
+                for kept, result, good in rows
+            ]
+        )
+    else:
+        table = Table(title="regression seeds", title_justify="left", header_style="bold")
+        for column in ("seed", "store", "plant", "expected", "verdict", "found"):
+            table.add_column(column)
+        for kept, result, good in rows:
+            table.add_row(
+                Text(str(kept.seed)),
+                Text(kept.store),
+                Text(",".join(kept.plant) or "-"),
+                Text("pass" if not kept.plant else "caught"),
+                Text("pass" if result.ok else f"failed: {result.invariant}", style="green" if good else "red"),
+                Text(kept.found),
+            )
+        state.out.print(table)
+    if wrong:
+        raise CliError(f"{len(wrong)} regression seed(s) changed verdict; replay: {wrong[0]}", kind="SimulationFailed")
+
+
+simulate_command.name = "simulate"
+
+__all__ = ["run_seeds", "simulate_command"]

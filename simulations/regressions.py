@@ -1,0 +1,76 @@
+"""Every seed that ever failed, kept and replayed in CI (DESIGN §7).
+
+A seed that once found something — a bug of the runtime or a store, or of the simulation's own checkers — is
+kept here with what it found, and replayed by the test suite and by ``threadloom simulate --regressions``:
+
+* without ``plant``, the seed must now pass;
+* with ``plant`` (test-only planted bugs), the seed must still catch the bug: it proves the checker that
+  caught it keeps working.
+
+Add a seed whenever a simulation fails: the replay command it prints names the seed and the options.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class RegressionSeed:
+    """A kept seed.
+
+    Attributes:
+        seed: the seed.
+        store: the store it ran over (``memory`` or ``sqlite``).
+        plant: the planted bugs it ran with (empty: the real code, which must pass).
+        found: what the seed found when it first failed.
+    """
+
+    seed: int
+    store: str = "memory"
+    plant: tuple[str, ...] = ()
+    found: str
+
+
+REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
+    # Found while the simulation was built (real code; each must pass now).
+    RegressionSeed(
+        seed=13,
+        found="the trace differed between processes: the seed's fault kinds were drawn while iterating a "
+        "frozenset, whose order depends on PYTHONHASHSEED (the kinds are now drawn in FAULT_KINDS order)",
+    ),
+    RegressionSeed(
+        seed=12,
+        found="checker: a subscription made after a delete sees the new incarnation from its first event; the "
+        "deleted incarnation's numbers are gone, not skipped (seq 1 'skipped' was a false alarm)",
+    ),
+    RegressionSeed(seed=45, found="as seed 12: subscribe after a delete and a re-run of the thread"),
+    RegressionSeed(seed=214, found="as seed 12, on another thread"),
+    RegressionSeed(
+        seed=1,
+        found="runtime: a parent run was committed FAILED (and its queued run finished FAILED) when ctx.spawn met "
+        "OutcomeUnknown from the store; a node failing on the store now ends its run without a FAILED "
+        "checkpoint and the queue's next attempt recovers it",
+    ),
+    RegressionSeed(
+        seed=4,
+        found="runtime: as seed 1, for a child thread still held by a paused node's run (ThreadBusy)",
+    ),
+    RegressionSeed(seed=11, store="sqlite", found="as seed 1, over SQLite"),
+    RegressionSeed(seed=16, store="sqlite", found="as seed 4, over SQLite"),
+    RegressionSeed(
+        seed=1637,
+        found="runtime: a parent run was committed FAILED when the child run its node waited for lost the child "
+        "thread to another run (StaleClaim); it now ends without a FAILED checkpoint, like ThreadBusy",
+    ),
+    RegressionSeed(seed=2460, found="as seed 1637: the parent's queued run finished FAILED on a child's StaleClaim"),
+    # Planted bugs: each seed is the first that caught its bug (it must keep catching it).
+    RegressionSeed(seed=16, plant=("commit_unfenced",), found="a paused run's late commit applied with a stale token"),
+    RegressionSeed(seed=9, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
+    RegressionSeed(seed=16, plant=("effect_unfenced",), found="a refused commit left its effect record behind"),
+    RegressionSeed(seed=1, plant=("sweep_unguarded",), found="a sweep removed a protected run's newest checkpoint"),
+    RegressionSeed(
+        seed=1, plant=("seq_reuse_after_delete",), found="a re-run after a delete numbered its events from 1 again"
+    ),
+)
+"""The kept seeds, oldest first."""

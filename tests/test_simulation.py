@@ -1,0 +1,401 @@
+"""The deterministic simulation (DESIGN §7): determinism, thousands of clean seeds, planted bugs caught,
+regression seeds replayed, the world's own mechanics, and ``threadloom simulate``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from threadloom.cli import cli
+from threadloom.domain.errors import ValidationError
+from threadloom.simulations.checkers import Oracle
+from threadloom.simulations.cli import run_seeds
+from threadloom.simulations.regressions import REGRESSION_SEEDS
+from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
+from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, World
+
+CI_SEEDS = 2000
+"""Seeds the clean run covers (the issue asks for at least 2,000 in CI)."""
+
+
+def _hashes(seeds: range, hash_seed: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-m", "threadloom", "--json", "simulate", "--seeds", str(len(seeds)), "--seed", str(seeds[0])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["trace_hashes"]
+
+
+# -- determinism ------------------------------------------------------------------------------------------------------
+
+
+def test_the_same_seeds_give_the_same_traces_in_processes_with_different_hash_seeds():
+    first = _hashes(range(0, 30), "1")
+    second = _hashes(range(0, 30), "4242")
+    assert len(first) == 30
+    assert first == second
+    assert len(set(first.values())) == 30  # every seed is its own run
+
+
+def test_a_seed_replayed_in_process_gives_the_same_trace_byte_for_byte():
+    one = simulate_seed(17)
+    two = simulate_seed(17)
+    assert one.trace == two.trace and one.trace_hash == two.trace_hash
+    assert one.steps == two.steps and one.probes == two.probes
+
+
+def test_different_seeds_run_differently():
+    assert simulate_seed(1).trace_hash != simulate_seed(2).trace_hash
+
+
+# -- the clean run ----------------------------------------------------------------------------------------------------
+
+
+def test_two_thousand_seeds_pass_with_every_fault_kind():
+    results = list(run_seeds(SimConfig(), range(CI_SEEDS), jobs=2))
+    failed = [(r.seed, r.invariant, r.detail) for r in results if not r.ok]
+    assert len(results) == CI_SEEDS
+    assert failed == []
+    probes: Counter[str] = Counter()
+    for result in results:
+        probes.update(result.probes)
+    # The workload must stay interesting: each situation the checkers exist for occurs, many times.
+    for probe in (
+        "takeover",
+        "run_recovered",
+        "stale_token_refused.commit",
+        "stale_token_refused.renew",
+        "outcome_unknown_applied.commit",
+        "outcome_unknown_not_applied.commit",
+        "lease_taken_over",
+        "effect_rerun_uncommitted",
+        "thread_deleted",
+        "tombstone_reclaimed",
+        "thread_pruned",
+        "subscription_event",
+        "child_checkpoint",
+        "node_crashed",
+        "node_paused",
+        "clock_jumped_back",
+        "clock_jumped_forward",
+        "slow_call",
+    ):
+        assert probes[probe] >= 10, (probe, probes[probe])
+
+
+def test_seeds_pass_over_sqlite():
+    results = list(run_seeds(SimConfig(store="sqlite"), range(40), jobs=1))
+    assert [(r.seed, r.invariant, r.detail) for r in results if not r.ok] == []
+    assert sum(r.probes.get("takeover", 0) for r in results) > 0
+
+
+# -- planted bugs -------------------------------------------------------------------------------------------------------
+
+
+EXPECTED_INVARIANTS = {
+    "commit_unfenced": {"no stale-token write applied"},
+    "renew_unfenced": {"no stale-token write applied"},
+    "effect_unfenced": {"effects recorded only by fenced commits", "effects run at most once"},
+    "sweep_unguarded": {"retention keeps protected checkpoints"},
+    "seq_reuse_after_delete": {"event numbers never reused"},
+}
+
+
+@pytest.mark.parametrize("bug", PLANTED_BUGS)
+def test_each_planted_bug_is_caught_within_a_thousand_seeds(bug):
+    config = SimConfig(plant=frozenset([bug]))
+    caught = None
+    for seed in range(1000):
+        result = simulate_seed(seed, config)
+        if not result.ok and result.invariant in EXPECTED_INVARIANTS[bug]:
+            caught = result
+            break
+    assert caught is not None, f"{bug} was not caught within 1000 seeds"
+    assert caught.trace[-1].split()[1] == "CHECK"  # the trace ends with the violation
+    assert config.command(caught.seed) == f"threadloom simulate --seed {caught.seed} --plant {bug}"
+
+
+def test_planted_bugs_need_the_memory_store():
+    with pytest.raises(ValidationError, match="plant"):
+        SimConfig(store="sqlite", plant=frozenset(["commit_unfenced"]))
+
+
+# -- regression seeds ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kept", REGRESSION_SEEDS, ids=lambda k: f"{k.seed}-{k.store}-{'+'.join(k.plant) or 'real'}")
+def test_regression_seeds_keep_their_verdicts(kept):
+    result = simulate_seed(kept.seed, SimConfig(store=kept.store, plant=frozenset(kept.plant)))
+    if kept.plant:
+        assert not result.ok, f"seed {kept.seed} no longer catches {kept.plant}"
+    else:
+        assert result.ok, (result.invariant, result.detail)
+
+
+# -- the world ------------------------------------------------------------------------------------------------------------
+
+
+def test_tasks_interleave_only_at_blocking_points_in_seeded_order():
+    def order(seed: int) -> list[str]:
+        world = World(seed)
+        seen: list[str] = []
+
+        def main() -> None:
+            node = world.node("a")
+            for name in "xyz":
+                world.spawn(node, name, lambda n=name: [seen.append(f"{n}{i}") or world.sleep(timedelta(0)) for i in range(3)])
+
+        world.run(main, until=EPOCH + timedelta(seconds=1))
+        return seen
+
+    assert order(3) == order(3)
+    assert sorted(order(3)) == sorted(f"{n}{i}" for n in "xyz" for i in range(3))
+    assert len({tuple(order(seed)) for seed in range(10)}) > 1
+    for seen in (order(3), order(4)):  # each task's own steps stay in program order
+        for name in "xyz":
+            assert [s for s in seen if s[0] == name] == [f"{name}{i}" for i in range(3)]
+
+
+def test_virtual_time_jumps_to_the_next_timer_and_paused_nodes_wait():
+    world = World(0)
+    log: list[tuple[str, float]] = []
+
+    def main() -> None:
+        busy = world.node("busy")
+        sleepy = world.node("sleepy")
+        sleepy.paused_until = EPOCH + timedelta(seconds=10)
+
+        def note(name: str) -> None:
+            log.append((name, (world.now - EPOCH).total_seconds()))
+
+        world.spawn(busy, "b", lambda: (world.sleep(timedelta(seconds=3)), note("busy")))
+        world.spawn(sleepy, "s", lambda: note("sleepy"))
+
+    world.run(main, until=EPOCH + timedelta(minutes=1))
+    assert log == [("busy", 3.0), ("sleepy", 10.0)]
+
+
+def test_a_crashed_node_runs_nothing_more_and_unwinds_at_teardown_without_its_finally_writing():
+    world = World(0)
+    ran: list[str] = []
+
+    def main() -> None:
+        node = world.node("n")
+
+        def task() -> None:
+            try:
+                ran.append("before")
+                world.sleep(timedelta(seconds=5))
+                ran.append("after")  # never: the node died while it slept
+            finally:
+                try:
+                    world.sleep(timedelta(0))  # a finally that blocks is unwound too
+                    ran.append("finally-ran-on")
+                except SimCrash:
+                    ran.append("unwound")
+                    raise
+
+        world.spawn(node, "t", task)
+        world.call_at(EPOCH + timedelta(seconds=1), lambda: setattr(node, "dead", True))
+
+    world.run(main, until=EPOCH + timedelta(seconds=30))
+    assert ran == ["before"]
+    world.teardown()
+    assert ran == ["before", "unwound"]
+
+
+def test_the_hub_cannot_block_and_a_livelock_is_reported():
+    world = World(0)
+    with pytest.raises(RuntimeError, match="only a task can block"):
+        world.block(None)
+    spinning = World(0, max_steps=500)
+
+    def main() -> None:
+        node = spinning.node("n")
+        spinning.spawn(node, "spin", lambda: [spinning.sleep(timedelta(0)) for _ in iter(int, 1)])
+
+    with pytest.raises(SimStuck):
+        spinning.run(main, until=EPOCH + timedelta(seconds=1))
+    spinning.teardown()
+
+
+def test_simulated_actor_futures_time_out_in_virtual_time():
+    import pykka
+
+    world = World(0)
+    outcome: list[str] = []
+
+    class Silent(pykka.ThreadingActor):
+        def on_receive(self, message):
+            world.sleep(timedelta(seconds=10))
+            return "late"
+
+    def main() -> None:
+        node = world.node("n")
+        scheduler = SimScheduler(node)
+
+        def client() -> None:
+            ref = scheduler.actor_class(Silent).start()
+            try:
+                ref.ask("hi", timeout=2)
+            except pykka.Timeout:
+                outcome.append(f"timeout at {(world.now - EPOCH).total_seconds()}")
+            outcome.append(ref.ask("again"))
+            ref.stop()
+
+        world.spawn(node, "client", client)
+
+    world.run(main, until=EPOCH + timedelta(minutes=1))
+    world.teardown()
+    assert outcome == ["timeout at 2.0", "late"]
+    assert not pykka.ActorRegistry.get_all()  # simulated actors never enter the process-wide registry
+
+
+def test_the_oracle_flags_a_claim_granted_while_the_previous_one_is_live():
+    class Store:
+        class node:  # noqa: N801 - a stand-in for a SimNode
+            name = "n1"
+
+        class store_clock:  # noqa: N801
+            @staticmethod
+            def now():
+                return EPOCH
+
+    from threadloom.domain.values import ClaimRequest, RunClaim
+
+    oracle = Oracle(World(0), inner=None)
+    request = ClaimRequest(holder="b", ttl=timedelta(seconds=5))
+    first = RunClaim(thread_id="t", holder="a", token=1, expires_at=EPOCH + timedelta(seconds=5))
+    second = RunClaim(thread_id="t", holder="b", token=2, expires_at=EPOCH + timedelta(seconds=5))
+    oracle.note(Store, "claim", "t", ("t", request), result=first)
+    assert oracle.violation is None
+    oracle.note(Store, "claim", "t", ("t", request), result=second)
+    assert oracle.violation is not None and oracle.violation.invariant == "at most one live claim"
+
+
+# -- user graphs ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_graph(tmp_path, monkeypatch):
+    module = tmp_path / "sim_user_graph.py"
+    module.write_text(
+        textwrap.dedent(
+            """
+            from threadloom import Graph, Step
+
+            def fetch(state, ctx):
+                got = ctx.effect("fetch", lambda: {"rows": 3})
+                ctx.emit("fetched", got)
+                return Step(state={**(state or {}), "rows": got["rows"]}, next="answer")
+
+            def answer(state, ctx):
+                return Step(state={**state, "answer": state["rows"] * 2})
+
+            GRAPH = Graph("user-graph", {"fetch": fetch, "answer": answer}, entry="fetch",
+                          merge=lambda state, update: {**(state or {}), **(update or {})})
+            NOT_A_GRAPH = 42
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return "sim_user_graph:GRAPH"
+
+
+def test_a_users_graph_runs_under_the_simulation(user_graph):
+    config = SimConfig(graph=user_graph)
+    results = [simulate_seed(seed, config) for seed in range(25)]
+    assert [(r.seed, r.invariant, r.detail) for r in results if not r.ok] == []
+    assert sum(r.probes.get("effect_recorded", 0) for r in results) > 0
+    assert sum(r.probes.get("entry_completed", 0) for r in results) > 0
+
+
+def test_a_bad_graph_spec_is_a_clear_error(user_graph):
+    with pytest.raises(ValidationError, match="module:attr"):
+        load_graph("no-colon")
+    with pytest.raises(ValidationError, match="cannot import"):
+        load_graph("no_such_module_anywhere:GRAPH")
+    with pytest.raises(ValidationError, match="not a threadloom Graph"):
+        load_graph("sim_user_graph:NOT_A_GRAPH")
+
+
+# -- the command -------------------------------------------------------------------------------------------------------
+
+
+def test_simulate_prints_the_probe_histogram_and_passes():
+    result = CliRunner().invoke(cli, ["simulate", "--seeds", "12"])
+    assert result.exit_code == 0, result.output
+    assert "12 passed, 0 failed" in result.output
+    assert "takeover" in result.output or "claim_granted" in result.output
+
+
+def test_simulate_reports_a_failure_with_its_shortest_trace_and_replay_command():
+    result = CliRunner().invoke(cli, ["simulate", "--seeds", "15", "--plant", "seq_reuse_after_delete"])
+    assert result.exit_code == 1
+    assert "shortest failing trace" in result.output
+    assert "VIOLATION event numbers never reused" in result.output
+    replay = [line for line in result.output.splitlines() if line.startswith("replay: ")][-1]
+    seed = int(replay.split("--seed ")[1].split()[0])
+    assert replay == f"replay: threadloom simulate --seed {seed} --plant seq_reuse_after_delete"
+    again = CliRunner().invoke(cli, ["simulate", "--seed", str(seed), "--plant", "seq_reuse_after_delete"])
+    assert again.exit_code == 1 and "VIOLATION event numbers never reused" in again.output
+
+
+def test_simulate_json_document():
+    result = CliRunner().invoke(cli, ["--json", "simulate", "--seeds", "5", "--seed", "100", "--faults", "crash,pause"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["seeds"] == 5 and doc["first_seed"] == 100 and doc["failed"] == 0
+    assert doc["faults"] == ["crash", "pause"]
+    assert set(doc["trace_hashes"]) == {"100", "101", "102", "103", "104"}
+    assert all(entry["count"] >= entry["seeds"] >= 1 for entry in doc["probes"].values())
+
+
+def test_simulate_without_faults_never_injects_one():
+    result = CliRunner().invoke(cli, ["--json", "simulate", "--seeds", "20", "--faults", "none"])
+    doc = json.loads(result.output)
+    for probe in doc["probes"]:
+        assert not probe.startswith(("node_", "clock_", "outcome_unknown", "slow_call")), probe
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--faults", "crash,meteor"], "faults"),
+        (["--faults", ""], "faults"),
+        (["--store", "postgres"], "store"),
+        (["--seeds", "0"], "seeds"),
+        (["--graph", "nope"], "graph"),
+    ],
+)
+def test_simulate_refuses_bad_options_clearly(args, message):
+    result = CliRunner().invoke(cli, ["simulate", *args])
+    assert result.exit_code in (1, 2)
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_simulate_replays_the_regression_seeds():
+    result = CliRunner().invoke(cli, ["--json", "simulate", "--regressions"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert len(rows) == len(REGRESSION_SEEDS) and all(row["ok"] for row in rows)
+
+
+def test_fault_kinds_are_the_documented_ones():
+    assert FAULT_KINDS == ("crash", "pause", "clock", "store", "slow")
