@@ -134,7 +134,7 @@ class GraphRuntime:
             raise ValidationError("scheduler", ("must be a Scheduler",))
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._subscriptions: set[Subscription] = set()
+        self._subscriptions: dict[Subscription, None] = {}  # in subscription order: close cancels in that order
         self._servers: list[Server] = []
         self._closed = False
         self._stopping = threading.Event()  # set by close() once every live run was told to stop
@@ -426,7 +426,7 @@ class GraphRuntime:
 
         def ended(sub: Subscription) -> None:
             with self._lock:
-                self._subscriptions.discard(sub)
+                self._subscriptions.pop(sub, None)
 
         subscription = Subscription(
             self.store,
@@ -438,7 +438,7 @@ class GraphRuntime:
             on_end=ended,
         )
         with self._lock:
-            self._subscriptions.add(subscription)
+            self._subscriptions[subscription] = None
         return subscription.start()
 
     # -- threads ----------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -85,7 +86,7 @@ def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bo
 
 @click.command()
 @click.option("--seeds", "count", type=click.IntRange(1, 10_000_000), default=None, help="How many seeds (default 100; 1 with --seed).")
-@click.option("--seed", "first", type=int, default=None, help="The first seed (default 0); alone, runs just this seed and prints its trace.")
+@click.option("--seed", "first", type=click.IntRange(min=0), default=None, help="The first seed (default 0); alone, runs just this seed and prints its trace.")
 @click.option("--store", "store_kind", type=click.Choice(STORES), default="memory", show_default=True, help="The store the nodes share (sqlite: a temporary file per seed).")
 @click.option("--faults", default="all", show_default=True, metavar="KINDS", help=f"Fault kinds seeds may suffer: all, none, or a comma list of {', '.join(FAULT_KINDS)}.")
 @click.option("--graph", default=None, metavar="MODULE:ATTR", help="Run your Graph (importable from the current directory) instead of the built-in workload graph.")
@@ -106,14 +107,15 @@ def simulate_command(
     show_trace: bool,
     plant: tuple[str, ...],
 ) -> None:
-    """Run the deterministic simulation of crashes and takeovers over seeds (DESIGN §7).
+    """Run the deterministic simulation of crashes and takeovers over seeds.
 
     Each seed runs 2-3 simulated nodes (runtimes with their own clocks) over one store on a single thread with a
     virtual clock: queued runs with effects and child threads, direct starts, deletes, subscriptions and sweeps,
     under the faults the seed picks (crashes, pauses past the claim ttl, clock jumps, store writes failing
     before or after they applied, slow calls). Every store call is checked against the invariants; once the
     faults heal, every queued run must complete. Exits 1 if any seed failed, printing the shortest failing
-    trace and the command that replays it. The same seed always gives the same trace.
+    trace and the command that replays it. The same seed always gives the same trace. --store here names the
+    simulated store (memory or sqlite); the global --store URL does not apply.
     """
     state = ctx.find_object(CliState)
     if state is None:
@@ -121,7 +123,15 @@ def simulate_command(
     if graph is not None and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if regressions:
-        _replay_regressions(state, jobs)
+        given = [name for name, value in (("--seeds", count), ("--seed", first), ("--graph", graph), ("--plant", plant))
+                 if value]
+        if store_kind != "memory" or faults != "all":
+            given.append("--store" if store_kind != "memory" else "--faults")
+        if given:
+            raise click.UsageError(
+                f"--regressions replays each kept seed with its own options; drop {', '.join(given)}"
+            )
+        _replay_regressions(state)
         return
     config = SimConfig(store=store_kind, faults=_parse_faults(faults), graph=graph, plant=frozenset(plant))
     start = first if first is not None else 0
@@ -129,7 +139,7 @@ def simulate_command(
     seeds = list(range(start, start + total))
     single = total == 1
     began = time.perf_counter()
-    results = list(run_seeds(config, seeds, jobs, keep_trace=single or show_trace))
+    results = _with_progress(state, run_seeds(config, seeds, jobs, keep_trace=single or show_trace), len(seeds))
     elapsed = time.perf_counter() - began
     failed = [result for result in results if not result.ok]
     if state.json_output:
@@ -145,6 +155,24 @@ def simulate_command(
         )
 
 
+def _with_progress(state: CliState, results: Iterator[SeedResult], total: int) -> list[SeedResult]:
+    """Collects the results, with a progress bar on stderr when it is a terminal and there are many seeds."""
+    if total < 50 or state.json_output or not state.err.is_terminal:
+        return list(results)
+    collected = []
+    with Progress(
+        TextColumn("seeds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(), console=state.err, transient=True,
+    ) as progress:
+        task = progress.add_task("seeds", total=total, failed=0)
+        failed = 0
+        for result in results:
+            collected.append(result)
+            failed += not result.ok
+            progress.update(task, advance=1, failed=failed)
+    return collected
+
+
 def _histogram(results: Sequence[SeedResult]) -> list[tuple[str, int, int]]:
     total: Counter[str] = Counter()
     seeds: Counter[str] = Counter()
@@ -152,6 +180,13 @@ def _histogram(results: Sequence[SeedResult]) -> list[tuple[str, int, int]]:
         total.update(result.probes)
         seeds.update(result.probes.keys())
     return [(name, total[name], seeds[name]) for name in sorted(total)]
+
+
+def _histogram_totals(results: Sequence[SeedResult]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for result in results:
+        total.update(result.probes)
+    return total
 
 
 def _document(config: SimConfig, results: Sequence[SeedResult], failed: Sequence[SeedResult], elapsed: float) -> dict[str, Any]:
@@ -202,7 +237,7 @@ def _print(
         Text(
             f"{len(results)} seed(s) from {results[0].seed} on {config.store}, faults {kinds}"
             + (f", graph {config.graph}" if config.graph else "")
-            + f": {len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.1f} s ({rate:.1f} seeds/s; "
+            + f": {len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.2f} s ({rate:.1f} seeds/s; "
             f"{sum(r.steps for r in results):,} steps, {sum(r.virtual_s for r in results):,.0f} virtual s)",
             style="red" if failed else "green",
         )
@@ -213,6 +248,16 @@ def _print(
     for name, count, seeds in _histogram(results):
         table.add_row(Text(name), Text(f"{count:,}"), Text(f"{seeds:,}"))
     out.print(table)
+    runs = _histogram_totals(results)
+    if config.graph is not None and runs["entry_failed"]:
+        out.print(
+            Text(
+                f"note: {runs['entry_failed']:,} of {runs['entry_enqueued']:,} queued runs of your graph ended FAILED "
+                "(allowed: a graph may fail; the runs got input {\"n\": i}). Run one seed with --seed to see why "
+                "in its trace.",
+                style="yellow",
+            )
+        )
     if not failed:
         return
     verdicts = Table(title="failing seeds", title_justify="left", header_style="bold")
@@ -228,7 +273,7 @@ def _print(
     out.print(Text(f"replay: {config.command(shortest.seed)}", style="bold"))
 
 
-def _replay_regressions(state: CliState, jobs: int) -> None:
+def _replay_regressions(state: CliState) -> None:
     rows = []
     wrong = []
     for kept in REGRESSION_SEEDS:
@@ -267,6 +312,10 @@ def _replay_regressions(state: CliState, jobs: int) -> None:
                 Text(kept.found),
             )
         state.out.print(table)
+        state.out.print(
+            Text(f"{len(rows) - len(wrong)} of {len(rows)} regression seeds gave their recorded verdict",
+                 style="red" if wrong else "green")
+        )
     if wrong:
         raise CliError(f"{len(wrong)} regression seed(s) changed verdict; replay: {wrong[0]}", kind="SimulationFailed")
 

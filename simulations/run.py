@@ -146,9 +146,14 @@ def load_graph(spec: str) -> Graph:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValidationError("graph", (f"cannot import {module_name!r}: {error}",)) from None
-    found = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise ValidationError("graph", (f"module {module_name!r} has no attribute {attr!r}",))
+    found = getattr(module, attr)
     if callable(found) and not isinstance(found, Graph):
-        found = found()
+        try:
+            found = found()
+        except Exception as error:  # noqa: BLE001 - the user's factory: report it on one line
+            raise ValidationError("graph", (f"{spec}() raised {type(error).__name__}: {error}",)) from None
     if not isinstance(found, Graph):
         raise ValidationError("graph", (f"{spec!r} is not a threadloom Graph",))
     return found
@@ -499,6 +504,8 @@ class _Seed:
                 for entry in entries:
                     assert entry is not None
                     self.oracle.probe(f"entry_{entry.status.value}")
+                    if entry.status is EntryStatus.FAILED:
+                        self.oracle.log("SEED", f"entry {entry.entry_id} on {entry.thread_id} FAILED: {entry.error}")
                     if entry.attempts > 1:
                         self.oracle.probe("entry_retried")
                     if entry.status is EntryStatus.FAILED and self.config.graph is None:

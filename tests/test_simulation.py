@@ -309,6 +309,14 @@ def user_graph(tmp_path, monkeypatch):
             GRAPH = Graph("user-graph", {"fetch": fetch, "answer": answer}, entry="fetch",
                           merge=lambda state, update: {**(state or {}), **(update or {})})
             NOT_A_GRAPH = 42
+
+            def make_graph():
+                raise RuntimeError("no graph today")
+
+            def ask(state, ctx):
+                return Step(state={**state, "answer": state["question"].upper()})
+
+            NEEDS_QUESTION = Graph("needs-question", {"ask": ask}, entry="ask")
             """
         )
     )
@@ -332,6 +340,18 @@ def test_a_bad_graph_spec_is_a_clear_error(user_graph):
         load_graph("no_such_module_anywhere:GRAPH")
     with pytest.raises(ValidationError, match="not a threadloom Graph"):
         load_graph("sim_user_graph:NOT_A_GRAPH")
+    with pytest.raises(ValidationError, match="has no attribute 'missing'"):
+        load_graph("sim_user_graph:missing")
+    with pytest.raises(ValidationError, match=r"make_graph\(\) raised RuntimeError: no graph today"):
+        load_graph("sim_user_graph:make_graph")
+
+
+def test_a_graph_that_fails_every_run_is_reported_and_its_error_is_in_the_trace(user_graph):
+    result = CliRunner().invoke(cli, ["simulate", "--seeds", "3", "--graph", "sim_user_graph:NEEDS_QUESTION"])
+    assert result.exit_code == 0, result.output  # a graph may fail its runs
+    assert "queued runs of your graph ended FAILED" in result.output
+    one = simulate_seed(0, SimConfig(graph="sim_user_graph:NEEDS_QUESTION"))
+    assert any("FAILED" in line and "KeyError" in line for line in one.trace)
 
 
 # -- the command -------------------------------------------------------------------------------------------------------
@@ -381,6 +401,9 @@ def test_simulate_without_faults_never_injects_one():
         (["--store", "postgres"], "store"),
         (["--seeds", "0"], "seeds"),
         (["--graph", "nope"], "graph"),
+        (["--seed", "-1"], "seed"),
+        (["--regressions", "--seeds", "5"], "--regressions replays each kept seed with its own options"),
+        (["--regressions", "--store", "sqlite"], "drop --store"),
     ],
 )
 def test_simulate_refuses_bad_options_clearly(args, message):
