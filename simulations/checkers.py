@@ -22,6 +22,7 @@ The oracle reads the real store directly (never through a node) to check what a 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -46,14 +47,18 @@ class _Thread:
     __slots__ = (
         "current",
         "effects",
+        "clock",
         "expires_at",
         "gone",
         "holder",
         "incarnation",
+        "expect_first",
         "incarnation_seq",
+        "latest_from",
         "last_seq",
         "latest",
         "max_token",
+        "release_tried",
         "released",
         "run_newest",
         "seq_incarnation",
@@ -65,16 +70,20 @@ class _Thread:
         self.max_token = 0
         self.current: int | None = None
         self.expires_at: datetime | None = None
+        self.clock: Any = None  # the clock of the store that set expires_at (it decides that claim's expiry)
         self.holder: str | None = None
         self.released = False
+        self.release_tried: int | None = None  # a token whose release was asked for but lost (a store fault)
         self.gone = False
         self.incarnation = 0  # bumped by every delete
         self.last_seq = 0  # the highest number ever applied on this thread id
         self.incarnation_seq: int | None = None  # the last number applied in this incarnation
-        self.seqs: dict[int, tuple[str, str]] = {}  # every number ever applied -> (run_id, type)
+        self.seqs: dict[int, tuple[str, str, str]] = {}  # every number ever applied -> (run_id, type, payload)
         self.seq_incarnation: dict[int, int] = {}  # every number ever applied -> the incarnation it numbered
         self.effects: dict[str, str] = {}  # this incarnation's effect records: key -> run_id
         self.latest: str | None = None
+        self.latest_from = 1  # the first number the commit of the latest checkpoint gave (or would have given)
+        self.expect_first: int | None = None  # where the incarnation after a delete must number from
         self.run_newest: dict[str, str] = {}  # run_id -> its newest checkpoint id (this incarnation)
         self.version = 0
 
@@ -100,6 +109,7 @@ class Oracle:
         self.violation: Violation | None = None
         self.violation_at: int | None = None  # the trace length when it was found
         self.executions: Counter[tuple[str, int, str]] = Counter()
+        self.leases: dict[int, _Lease] = {}
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -146,6 +156,8 @@ class Oracle:
                 self.probe(f"busy.{op}")
             if op == "commit":
                 self._check_refused_commit(thread_id, args[1])
+            if op == "release" and thread_id is not None:
+                self._thread(thread_id).release_tried = args[1]  # lost on the way: the runtime did its part
             return
         self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {_result(op, result)}")
         if thread_id is None:
@@ -169,18 +181,18 @@ class Oracle:
         self.probe("takeover" if claim.taken_over_from is not None else "claim_granted")
         st.max_token = max(st.max_token, claim.token)
         st.current, st.expires_at, st.released, st.gone = claim.token, claim.expires_at, False, False
-        st.holder = claim.holder
+        st.holder, st.clock = claim.holder, store.store_clock
 
     def _fenced(self, st: _Thread, thread_id: str, op: str, token: int) -> None:
         if token != st.current or st.released or st.gone:
             state = "released" if st.released else "gone with its thread" if st.gone else f"current is {st.current}"
             self.fail("no stale-token write applied", f"{thread_id}: {op} with token {token} applied ({state})")
 
-    def _on_renew(self, _store: Any, thread_id: str, args: tuple[Any, ...], claim: RunClaim) -> None:
+    def _on_renew(self, store: Any, thread_id: str, args: tuple[Any, ...], claim: RunClaim) -> None:
         st = self._thread(thread_id)
         self._fenced(st, thread_id, "renew", args[1])
         if args[1] == st.current:
-            st.expires_at = claim.expires_at
+            st.expires_at, st.clock = claim.expires_at, store.store_clock
 
     def _on_release(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
         st = self._thread(thread_id)
@@ -191,7 +203,21 @@ class Oracle:
         st = self._thread(thread_id)
         commit: Commit = args[1]
         self._fenced(st, thread_id, "commit", commit.token)
+        if len(records) != len(commit.events):
+            self.fail("commits apply whole", f"{thread_id}: {len(commit.events)} events committed, {len(records)} numbered")
+        for record, draft in zip(records, commit.events):
+            if (record.run_id, record.type, record.checkpoint_id, _json(record.payload)) != (
+                draft.run_id, draft.type, draft.checkpoint_id, _json(draft.payload)
+            ):
+                self.fail("events stored as committed", f"{thread_id}: seq {record.seq} differs from its draft")
         expected = st.incarnation_seq + 1 if st.incarnation_seq is not None else None
+        if expected is None and records and st.expect_first is not None and records[0].seq != st.expect_first:
+            self.fail(
+                "tombstone numbering",
+                f"{thread_id}: the incarnation after a delete numbers from {records[0].seq}, not "
+                f"{st.expect_first} (one number past the deleted log)",
+            )
+        first_seq = records[0].seq if records else (st.incarnation_seq + 1 if st.incarnation_seq else None)
         for record in records:
             if record.seq in st.seqs:
                 self.fail("event numbers never reused", f"{thread_id}: seq {record.seq} numbered twice")
@@ -199,7 +225,7 @@ class Oracle:
                 self.fail("gap-free event log", f"{thread_id}: seq {record.seq} follows {expected - 1}")
             elif expected is None and record.seq <= st.last_seq:
                 self.fail("event numbers never reused", f"{thread_id}: seq {record.seq} after {st.last_seq}")
-            st.seqs[record.seq] = (record.run_id, record.type)
+            st.seqs[record.seq] = (record.run_id, record.type, _json(record.payload))
             st.seq_incarnation[record.seq] = st.incarnation
             st.last_seq = max(st.last_seq, record.seq)
             st.incarnation_seq = record.seq
@@ -215,6 +241,7 @@ class Oracle:
         cp = commit.checkpoint
         if cp is not None:
             st.latest = cp.id
+            st.latest_from = first_seq if first_seq is not None else st.last_seq + 1
             st.run_newest[cp.run_id] = cp.id
             if cp.origin is not None:
                 self.probe("child_checkpoint")
@@ -241,6 +268,8 @@ class Oracle:
     def _on_delete_thread(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
         st = self._thread(thread_id)
         self._fenced(st, thread_id, "delete_thread", args[1])
+        if st.incarnation_seq is not None:
+            st.expect_first = st.incarnation_seq + 2  # seeds 000 deleteThread: one number skipped
         st.gone, st.latest, st.incarnation_seq = True, None, None
         st.incarnation += 1
         st.effects, st.run_newest = {}, {}
@@ -259,8 +288,43 @@ class Oracle:
         self.log(store.node.name, f"queue.{op} {_args(op, args)} -> {outcome}")
         if error is not None:
             self.probe(f"queue_refused.{op}")
-        elif op == "lease" and result is not None and result.taken_over_from is not None:
+            return
+        if op == "lease":
+            self._on_lease(store, result)
+        elif op in ("renew_lease", "record_run", "finish", "release_lease"):
+            entry_id, attempt = args[0], args[1]
+            lease = self.leases.get(entry_id)
+            if op == "release_lease" and (lease is None or lease.attempt != attempt):
+                return  # a stale attempt's release changes nothing (like a claim's release)
+            finished_again = op == "finish" and lease is not None and lease.finished == attempt
+            if lease is None or lease.attempt != attempt or (lease.ended and not finished_again):
+                state = "none" if lease is None else f"attempt {lease.attempt}" + (" ended" if lease.ended else "")
+                self.fail("no stale lease write applied", f"entry {entry_id}: {op} by attempt {attempt} ({state})")
+                return
+            if op == "renew_lease":
+                lease.expires_at, lease.clock = result.expires_at, store.store_clock
+            elif op in ("finish", "release_lease"):
+                lease.ended = True
+                if op == "finish":
+                    lease.finished = attempt  # finishing again by this attempt is a safe retry
+
+    def _on_lease(self, store: Any, lease: Any) -> None:
+        entry_id = lease.entry.entry_id
+        previous = self.leases.get(entry_id)
+        if previous is not None:
+            if lease.attempt <= previous.attempt:
+                self.fail("lease attempts strictly increase", f"entry {entry_id}: attempt {lease.attempt} after "
+                          f"{previous.attempt}")
+            now = store.store_clock.now()
+            if not previous.ended and previous.expires_at > now:
+                self.fail(
+                    "at most one live lease",
+                    f"entry {entry_id}: attempt {lease.attempt} leased while attempt {previous.attempt} was live "
+                    f"until {previous.expires_at.isoformat()}",
+                )
+        if lease.taken_over_from is not None:
             self.probe("lease_taken_over")
+        self.leases[entry_id] = _Lease(lease.attempt, lease.expires_at, store.store_clock)
 
     # -- sweeps -------------------------------------------------------------------------------------------------
 
@@ -274,12 +338,30 @@ class Oracle:
         self.probe("sweep_page")
         self.probe("thread_pruned", len(page.pruned))
         self.probe("tombstone_reclaimed", len(page.reclaimed))
+        for thread_id in page.reclaimed:
+            st = self.threads.get(thread_id)
+            if st is not None:
+                st.expect_first = None  # a reclaimed thread numbers on from the store's mark
         for thread_id in page.visited:
             st = self.threads.get(thread_id)
             if st is None or st.gone or st.latest is None:
                 continue
             if self.inner.checkpoint(thread_id, st.latest) is None:
                 self.fail("retention keeps the latest checkpoint", f"{thread_id}: latest {st.latest} was removed")
+            if st.incarnation_seq is not None and st.incarnation_seq >= st.latest_from:
+                try:
+                    kept = self.inner.events_after(thread_id, st.latest_from - 1, 1)
+                except ThreadloomError as error:
+                    kept = []
+                    self.fail(
+                        "retention keeps the latest checkpoint's events",
+                        f"{thread_id}: reading from seq {st.latest_from} raised {type(error).__name__}",
+                    )
+                if kept and kept[0].seq != st.latest_from:
+                    self.fail(
+                        "retention keeps the latest checkpoint's events",
+                        f"{thread_id}: seq {st.latest_from} (the latest checkpoint's commit) was removed",
+                    )
         for thread_id, kept in sorted(guard.kept.items()):
             for run_id, cp_id in sorted(kept.items()):
                 if self.inner.checkpoint(thread_id, cp_id) is None:
@@ -314,18 +396,20 @@ class Oracle:
         skipped = [seq for seq in range(last + 1, event.seq) if st.seq_incarnation.get(seq, -1) == incarnation]
         if skipped:
             self.fail("subscriptions deliver once in order", f"{thread_id}: skipped seq {skipped[0]} ({who})")
-        if st.seqs.get(event.seq) not in (None, (event.run_id, event.type)):
+        if st.seqs.get(event.seq) not in (None, (event.run_id, event.type, _json(event.payload))):
             self.fail("subscriptions deliver once in order", f"{thread_id}: seq {event.seq} is not the event applied")
 
-    def check_released(self, nodes: set[str], now: datetime) -> None:
-        """After ``nodes`` closed their runtimes: no live claim (by the store's clock reading ``now``) is held by
-        a run of theirs."""
+    def check_released(self, nodes: set[str]) -> None:
+        """After ``nodes`` closed their runtimes: no claim is held by a run of theirs that never asked to release
+        it (a release lost to a store fault leaves the claim until it expires: the runtime did its part)."""
         for thread_id in sorted(self.threads):
             st = self.threads[thread_id]
             if st.current is None or st.released or st.gone or st.holder is None:
                 continue
-            if st.expires_at is not None and st.expires_at <= now:
+            if st.release_tried == st.current:
                 continue
+            if st.expires_at is not None and st.clock is not None and st.expires_at <= st.clock.now():
+                continue  # e.g. a claim granted whose reply was lost: its run never knew its token
             if st.holder.partition(":")[0] in nodes:
                 self.fail("clean shutdown", f"{thread_id}: token {st.current} of run {st.holder} not released")
 
@@ -345,8 +429,23 @@ class Oracle:
                 if after.seq != before.seq + 1:
                     self.fail("gap-free event log", f"{thread_id}: the log jumps from {before.seq} to {after.seq}")
             for event in events:
-                if st.seqs.get(event.seq) != (event.run_id, event.type):
+                if st.seqs.get(event.seq) != (event.run_id, event.type, _json(event.payload)):
                     self.fail("gap-free event log", f"{thread_id}: stored seq {event.seq} is not the event applied")
+
+
+class _Lease:
+    __slots__ = ("attempt", "clock", "ended", "expires_at", "finished")
+
+    def __init__(self, attempt: int, expires_at: datetime, clock: Any) -> None:
+        self.attempt = attempt
+        self.expires_at = expires_at
+        self.clock = clock
+        self.ended = False  # finished or handed back
+        self.finished: int | None = None  # the attempt that finished the entry
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 class _CheckingGuard:

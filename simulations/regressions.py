@@ -64,6 +64,14 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
         "thread to another run (StaleClaim); it now ends without a FAILED checkpoint, like ThreadBusy",
     ),
     RegressionSeed(seed=2460, found="as seed 1637: the parent's queued run finished FAILED on a child's StaleClaim"),
+    RegressionSeed(
+        seed=823,
+        store="sqlite",
+        found="checker: the clean-shutdown check flagged a claim whose release was lost to a store fault (and "
+        "compared its expiry with the wrong node's clock); the runtime had asked to release it",
+    ),
+    RegressionSeed(seed=814, store="sqlite", found="as seed 823"),
+    RegressionSeed(seed=1503, store="sqlite", found="as seed 823"),
     # Planted bugs: each seed is the first that caught its bug (it must keep catching it).
     RegressionSeed(seed=16, plant=("commit_unfenced",), found="a paused run's late commit applied with a stale token"),
     RegressionSeed(seed=9, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),

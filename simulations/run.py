@@ -543,7 +543,7 @@ class _Seed:
             return
         closed = {world.nodes[name].name for name in self.runtimes if not world.nodes[name].dead}
         self.oracle.log("SEED", f"closed {','.join(sorted(closed))}")
-        self.oracle.check_released(closed, self.store_clock.now())
+        self.oracle.check_released(closed)
 
     def run(self) -> SeedResult:
         world, oracle = self.world, self.oracle
