@@ -110,6 +110,7 @@ class Oracle:
         self.violation_at: int | None = None  # the trace length when it was found
         self.executions: Counter[tuple[str, int, str]] = Counter()
         self.leases: dict[int, _Lease] = {}
+        self.max_token = 0  # the highest token granted on any thread
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -170,6 +171,13 @@ class Oracle:
         st = self._thread(thread_id)
         if claim.token <= st.max_token:
             self.fail("tokens strictly increase", f"{thread_id}: granted token {claim.token} after {st.max_token}")
+        elif claim.token <= self.max_token:
+            self.fail(
+                "tokens strictly increase",
+                f"{thread_id}: granted token {claim.token} after token {self.max_token} of another thread "
+                "(one counter for the whole storage, DESIGN §3)",
+            )
+        self.max_token = max(self.max_token, claim.token)
         if st.current is not None and not st.released and not st.gone and st.expires_at is not None:
             now = store.store_clock.now()
             if st.expires_at > now:
@@ -188,6 +196,19 @@ class Oracle:
             state = "released" if st.released else "gone with its thread" if st.gone else f"current is {st.current}"
             self.fail("no stale-token write applied", f"{thread_id}: {op} with token {token} applied ({state})")
 
+    def _check_fence(self, thread_id: str, op: str, fence: tuple[str, int] | None) -> None:
+        """A fenced write applies only while the fence's thread is held by the fence's token (DESIGN §3)."""
+        if fence is None:
+            return
+        self.probe(f"fenced.{op}")
+        fenced_thread, token = fence
+        st = self._thread(fenced_thread)
+        if token != st.current or st.released or st.gone:
+            self.fail(
+                "no stale-token write applied",
+                f"{thread_id}: {op} fenced by {fenced_thread}'s token {token} applied (current is {st.current})",
+            )
+
     def _on_renew(self, store: Any, thread_id: str, args: tuple[Any, ...], claim: RunClaim) -> None:
         st = self._thread(thread_id)
         self._fenced(st, thread_id, "renew", args[1])
@@ -203,6 +224,7 @@ class Oracle:
         st = self._thread(thread_id)
         commit: Commit = args[1]
         self._fenced(st, thread_id, "commit", commit.token)
+        self._check_fence(thread_id, "commit", commit.fence)
         if len(records) != len(commit.events):
             self.fail("commits apply whole", f"{thread_id}: {len(commit.events)} events committed, {len(records)} numbered")
         for record, draft in zip(records, commit.events):
@@ -268,6 +290,7 @@ class Oracle:
     def _on_delete_thread(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
         st = self._thread(thread_id)
         self._fenced(st, thread_id, "delete_thread", args[1])
+        self._check_fence(thread_id, "delete_thread", args[2] if len(args) > 2 else None)
         if st.incarnation_seq is not None:
             st.expect_first = st.incarnation_seq + 2  # seeds 000 deleteThread: one number skipped
         st.gone, st.latest, st.incarnation_seq = True, None, None
@@ -393,6 +416,12 @@ class Oracle:
             self.fail("subscriptions deliver once in order", f"{thread_id}: seq {event.seq} delivered after {last}")
             return
         incarnation = st.seq_incarnation.get(event.seq)
+        if last and incarnation is not None and st.seq_incarnation.get(last, incarnation) != incarnation:
+            self.fail(
+                "subscriptions deliver once in order",
+                f"{thread_id}: delivered seq {event.seq} of a new incarnation after seq {last} of a deleted one "
+                "(the read must raise ThreadDeleted)",
+            )
         skipped = [seq for seq in range(last + 1, event.seq) if st.seq_incarnation.get(seq, -1) == incarnation]
         if skipped:
             self.fail("subscriptions deliver once in order", f"{thread_id}: skipped seq {skipped[0]} ({who})")

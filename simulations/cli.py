@@ -45,12 +45,12 @@ def _parse_faults(text: str) -> frozenset[str]:
     return frozenset(kinds)
 
 
-def _batch(config: SimConfig, seeds: Sequence[int], path: Sequence[str]) -> list[SeedResult]:
+def _batch(config: SimConfig, seeds: Sequence[int], path: Sequence[str], keep_trace: bool) -> list[SeedResult]:
     """Runs ``seeds`` in a worker process (its import path as the parent's, for ``--graph``)."""
     for entry in reversed(path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    return [_slim(result) for result in simulate(seeds, config)]
+    return [result if keep_trace else _slim(result) for result in simulate(seeds, config)]
 
 
 def _slim(result: SeedResult) -> SeedResult:
@@ -78,14 +78,17 @@ def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bo
         return
     batches = [list(seeds[index : index + BATCH]) for index in range(0, len(seeds), BATCH)]
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_batch, config, batch, list(sys.path)) for batch in batches]
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    try:
+        futures = [pool.submit(_batch, config, batch, list(sys.path), keep_trace) for batch in batches]
         for future in futures:
             yield from future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # Ctrl-C: the batches not started yet are dropped
 
 
 @click.command()
-@click.option("--seeds", "count", type=click.IntRange(1, 10_000_000), default=None, help="How many seeds (default 100; 1 with --seed).")
+@click.option("--seeds", "count", type=click.IntRange(1, 1_000_000), default=None, help="How many seeds (default 100; 1 with --seed).")
 @click.option("--seed", "first", type=click.IntRange(min=0), default=None, help="The first seed (default 0); alone, runs just this seed and prints its trace.")
 @click.option("--store", "store_kind", type=click.Choice(STORES), default="memory", show_default=True, help="The store the nodes share (sqlite: a temporary file per seed).")
 @click.option("--faults", default="all", show_default=True, metavar="KINDS", help=f"Fault kinds seeds may suffer: all, none, or a comma list of {', '.join(FAULT_KINDS)}.")
@@ -123,8 +126,15 @@ def simulate_command(
     if graph is not None and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if regressions:
-        given = [name for name, value in (("--seeds", count), ("--seed", first), ("--graph", graph), ("--plant", plant))
-                 if value]
+        given = [
+            name
+            for name, value in (("--seeds", count), ("--seed", first), ("--graph", graph), ("--plant", plant or None))
+            if value is not None
+        ]
+        if jobs != 1:
+            given.append("--jobs")
+        if show_trace:
+            given.append("--trace")
         if store_kind != "memory" or faults != "all":
             given.append("--store" if store_kind != "memory" else "--faults")
         if given:

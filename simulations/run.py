@@ -37,7 +37,7 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.memory import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.store import Faults, SimStore
-from threadloom.simulations.world import EPOCH, NodeClock, SimNode, SimScheduler, SimStuck, World
+from threadloom.simulations.world import EPOCH, NodeClock, SimNode, SimScheduler, SimStuck, SimTaskError, World
 
 FAULT_KINDS: tuple[str, ...] = ("crash", "pause", "clock", "store", "slow")
 """The fault kinds a seed may suffer: a node crashes (its actors vanish without releasing); a node pauses past
@@ -146,13 +146,19 @@ def load_graph(spec: str) -> Graph:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValidationError("graph", (f"cannot import {module_name!r}: {error}",)) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - the user's module: a SyntaxError or sys.exit() on import
+        raise ValidationError("graph", (f"importing {module_name!r} raised {type(error).__name__}: {error}",)) from None
     if not hasattr(module, attr):
         raise ValidationError("graph", (f"module {module_name!r} has no attribute {attr!r}",))
     found = getattr(module, attr)
     if callable(found) and not isinstance(found, Graph):
         try:
             found = found()
-        except Exception as error:  # noqa: BLE001 - the user's factory: report it on one line
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the user's factory (sys.exit() included): one line
             raise ValidationError("graph", (f"{spec}() raised {type(error).__name__}: {error}",)) from None
     if not isinstance(found, Graph):
         raise ValidationError("graph", (f"{spec!r} is not a threadloom Graph",))
@@ -559,6 +565,8 @@ class _Seed:
                 oracle.final_check()
         except SimStuck as error:
             oracle.fail("progress", str(error))
+        except SimTaskError as error:
+            oracle.fail("tasks end cleanly", str(error))
         finally:
             world.teardown()
             for opened in self.opened:

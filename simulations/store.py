@@ -172,7 +172,10 @@ class SimStore(Checkpointer):
         return self._call("compact_events", thread_id, self.inner.compact_events, thread_id, before_seq)
 
     def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None:
-        return self._call("delete_thread", thread_id, self.inner.delete_thread, thread_id, token, fence=fence)
+        def delete(thread: str, held: int, fenced_by: tuple[str, int] | None) -> None:
+            self.inner.delete_thread(thread, held, fence=fenced_by)
+
+        return self._call("delete_thread", thread_id, delete, thread_id, token, fence)
 
     def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
         return self._call("effect", thread_id, self.inner.effect, thread_id, key)

@@ -51,6 +51,11 @@ class SimStuck(Exception):
     """The world ran more steps than its limit allows (a livelock)."""
 
 
+class SimTaskError(Exception):
+    """A task ended with an exception no code of the runtime handles (``SystemExit``, ``KeyboardInterrupt`` aside
+    from Ctrl-C, a custom ``BaseException``, or an error of the workload itself): the seed fails with it."""
+
+
 class SimNode:
     """One simulated process: its name, clock offset, and whether it is alive, paused or crashed."""
 
@@ -175,6 +180,7 @@ class World:
         self._hub: greenlet.greenlet | None = None
         self.after_step: Callable[[], None] = lambda: None
         self.stopped = False
+        self._thread = threading.get_ident()
 
     # -- nodes, tasks, timers -------------------------------------------------------------------------------------
 
@@ -212,6 +218,10 @@ class World:
             ``predicate()`` when resumed (True if there is none).
         """
         task = self.current
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                "a simulated node's code ran on another OS thread: a node under simulation must not start threads"
+            )
         if task is None or self._hub is None or greenlet.getcurrent() is self._hub:
             raise RuntimeError("only a task can block: the hub and its timers must not wait")
         if task.node.dead:
@@ -237,6 +247,7 @@ class World:
             raise RuntimeError("a simulation is already running on this thread")
         _current_world = self
         self._hub = greenlet.getcurrent()
+        self._thread = threading.get_ident()
         try:
             self.spawn(self.nodes.get("world") or self.node("world"), "main", main)
             self._loop(until)
@@ -270,6 +281,14 @@ class World:
                     self.current = choice
                     try:
                         choice.glet.switch()
+                    except SimCrash:
+                        pass
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as error:  # noqa: BLE001 - a node's sys.exit() must not end the process
+                        raise SimTaskError(
+                            f"task {choice.name!r} of node {choice.node.name} raised {type(error).__name__}: {error}"
+                        ) from error
                     finally:
                         self.current = None
                 self.after_step()
@@ -302,6 +321,7 @@ class World:
         global _current_world
         _current_world = self
         self._hub = greenlet.getcurrent()
+        self._thread = threading.get_ident()
         try:
             for node in self.nodes.values():
                 node.dead = True
@@ -331,6 +351,7 @@ class _SimCondition:
 
     def __init__(self, world: World) -> None:
         self._world = world
+        self._notified = 0  # bumped by every notify: a wait returns on the next one (or its timeout)
 
     def __enter__(self) -> bool:
         return True
@@ -346,8 +367,8 @@ class _SimCondition:
 
     def wait(self, timeout: float | None = None) -> bool:
         until = None if timeout is None else self._world.now + timedelta(seconds=timeout)
-        self._world.block(lambda: False, until) if until is not None else self._world.block(None)
-        return True
+        seen = self._notified
+        return self._world.block(lambda: self._notified != seen, until)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
         until = None if timeout is None else self._world.now + timedelta(seconds=timeout)
@@ -357,10 +378,10 @@ class _SimCondition:
         return predicate()
 
     def notify(self, n: int = 1) -> None:
-        return None
+        self._notified += 1
 
     def notify_all(self) -> None:
-        return None
+        self._notified += 1
 
 
 class SimScheduler(Scheduler):

@@ -218,6 +218,57 @@ def test_a_crashed_node_runs_nothing_more_and_unwinds_at_teardown_without_its_fi
     assert ran == ["before", "unwound"]
 
 
+def test_a_simulated_condition_wakes_on_notify_or_its_timeout():
+    world = World(0)
+    woke: list[tuple[str, float]] = []
+
+    def main() -> None:
+        node = world.node("n")
+        condition = SimScheduler(node).condition()
+
+        def waiter(name: str, timeout: float) -> None:
+            with condition:
+                condition.wait(timeout)
+            woke.append((name, (world.now - EPOCH).total_seconds()))
+
+        def notifier() -> None:
+            world.sleep(timedelta(seconds=1))
+            with condition:
+                condition.notify_all()
+
+        world.spawn(node, "early", lambda: waiter("notified", 5))
+        world.spawn(node, "notifier", notifier)
+
+    world.run(main, until=EPOCH + timedelta(seconds=30))
+    assert woke == [("notified", 1.0)]
+
+
+def test_a_node_starting_an_os_thread_that_blocks_gets_a_clear_error():
+    import threading as real_threading
+
+    world = World(0)
+    errors: list[str] = []
+
+    def main() -> None:
+        node = world.node("n")
+
+        def task() -> None:
+            def elsewhere() -> None:
+                try:
+                    world.block(None)
+                except RuntimeError as error:
+                    errors.append(str(error))
+
+            thread = real_threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+
+        world.spawn(node, "t", task)
+
+    world.run(main, until=EPOCH + timedelta(seconds=1))
+    assert errors and "must not start threads" in errors[0]
+
+
 def test_the_hub_cannot_block_and_a_livelock_is_reported():
     world = World(0)
     with pytest.raises(RuntimeError, match="only a task can block"):
@@ -317,9 +368,20 @@ def user_graph(tmp_path, monkeypatch):
                 return Step(state={**state, "answer": state["question"].upper()})
 
             NEEDS_QUESTION = Graph("needs-question", {"ask": ask}, entry="ask")
+
+            def leave(state, ctx):
+                import sys
+                sys.exit(0)
+
+            EXITS = Graph("exits", {"leave": leave}, entry="leave")
+
+            def exiting_factory():
+                import sys
+                sys.exit(0)
             """
         )
     )
+    (tmp_path / "sim_broken_module.py").write_text("1 / 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     return "sim_user_graph:GRAPH"
@@ -344,6 +406,16 @@ def test_a_bad_graph_spec_is_a_clear_error(user_graph):
         load_graph("sim_user_graph:missing")
     with pytest.raises(ValidationError, match=r"make_graph\(\) raised RuntimeError: no graph today"):
         load_graph("sim_user_graph:make_graph")
+    with pytest.raises(ValidationError, match=r"exiting_factory\(\) raised SystemExit"):
+        load_graph("sim_user_graph:exiting_factory")
+    with pytest.raises(ValidationError, match="importing 'sim_broken_module' raised ZeroDivisionError"):
+        load_graph("sim_broken_module:GRAPH")
+
+
+def test_a_node_that_exits_the_process_fails_its_seed_instead(user_graph):
+    result = CliRunner().invoke(cli, ["simulate", "--seeds", "2", "--graph", "sim_user_graph:EXITS"])
+    assert result.exit_code == 1, result.output
+    assert "tasks end cleanly" in result.output and "SystemExit" in result.output
 
 
 def test_a_graph_that_fails_every_run_is_reported_and_its_error_is_in_the_trace(user_graph):
@@ -404,6 +476,8 @@ def test_simulate_without_faults_never_injects_one():
         (["--seed", "-1"], "seed"),
         (["--regressions", "--seeds", "5"], "--regressions replays each kept seed with its own options"),
         (["--regressions", "--store", "sqlite"], "drop --store"),
+        (["--regressions", "--seed", "0"], "drop --seed"),
+        (["--regressions", "--jobs", "2"], "drop --jobs"),
     ],
 )
 def test_simulate_refuses_bad_options_clearly(args, message):
