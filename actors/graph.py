@@ -143,7 +143,8 @@ class Graph:
         nodes: node name → ``node(state, ctx) -> Step``.
         entry: the node a new run starts at.
         merge: ``merge(state, input) -> state``: how a start's or a resume's input enters the state
-            (default :func:`merge_input`); ``state`` is None for a new thread.
+            (default :func:`merge_input`); ``state`` is None for a new thread. It runs on copies, before anything
+            is committed: an exception it raises refuses the run with a ValidationError on ``input``.
         max_steps: a run that executes more nodes than this fails (default None: no limit).
 
     Raises:
@@ -207,6 +208,7 @@ class NodeContext:
         now: Callable[[], datetime],
         read_effect: Callable[[str], EffectRecord | None],
         start_child: Callable[..., RunHandle],
+        token: int | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -218,6 +220,7 @@ class NodeContext:
         self._now = now
         self._read_effect = read_effect
         self._start_child = start_child
+        self._token = token  # the run's claim on this thread: it fences a child's admission
         self._events: list[EventDraft] = []
         self._effects: dict[str, EffectRecord] = {}
 
@@ -300,6 +303,10 @@ class NodeContext:
         Any other child starts as ``GraphRuntime.start`` does (a new thread, a new turn of a settled one, or a
         resume of a suspended one) — a child this step left SUSPENDED or FAILED included.
 
+        The child run's first commit (its admission, or the note of its recovery) is fenced by this run's claim
+        on this thread (``Commit.fence``, seeds 003): a run that lost its thread — to a takeover, or to a delete
+        — cannot start or take up a child, and leaves no child thread behind for its successor to trip over.
+
         So a node may spawn and wait for a child and still execute again after a crash. The usual pattern also
         records the child's result with the step, so any later use of the key reads it:
         ``ctx.effect("child", lambda: ctx.spawn("c1", g, x).wait().state)``.
@@ -312,6 +319,8 @@ class NodeContext:
                 wait above (or is held by a run live in this runtime, or by another tenant's).
             InvalidRunState: as ``GraphRuntime.start`` — e.g. the child is RUNNING and was not spawned by this
                 step (recover it yourself), or runs another graph.
+            StaleClaim: this run no longer holds its thread (the fence refused the child's first commit; nothing
+                was written to the child). The node ends without a FAILED checkpoint, as on any StaleClaim.
             CancelledError: the runtime closed while the spawn waited for the child's claim.
             TenantMismatch, ValidationError, ProcessingError: as ``GraphRuntime.start``; ``thread_id`` is this
                 thread (ValidationError).
@@ -323,6 +332,10 @@ class NodeContext:
         return CheckpointOrigin(
             parent_thread=self.thread_id, parent_checkpoint=self.parent_checkpoint_id, task_id=self.task_id
         )
+
+    def _fence(self) -> tuple[str, int] | None:
+        """The fence a child's first commit carries: this thread and the run's token (None outside a run)."""
+        return (self.thread_id, self._token) if self._token is not None else None
 
     def _spawned_here(self, origin: CheckpointOrigin | None, *, exact: bool = False) -> bool:
         """True when ``origin`` names this step: this thread, and — where it records them — the checkpoint the

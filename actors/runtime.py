@@ -189,6 +189,7 @@ class GraphRuntime:
         run_id: str | None = None,
         origin: CheckpointOrigin | None = None,
         before_admit: Any = None,
+        fence: tuple[str, int] | None = None,
     ) -> RunHandle:
         operation = kind.value
         v.check_id("thread_id", thread_id)
@@ -206,6 +207,7 @@ class GraphRuntime:
             run_id=run_id if run_id is not None else self._env.ids.run_id(self.node_id),
             origin=origin,
             before_admit=before_admit,
+            fence=fence,
         )
         handle: RunHandle = self._ask(operation, Spawn(spec))
         handle._wait_claimed()  # raises the refusal: ThreadBusy, TenantMismatch, InvalidRunState, …
@@ -243,8 +245,8 @@ class GraphRuntime:
             InvalidRunState: the thread has an incomplete run (``recover`` it) or a suspended one (``resume``
                 it), or runs another graph; nothing changed.
             TenantMismatch: the thread is another tenant's; nothing read or changed.
-            ValidationError: a bad argument (``input`` not JSON, …); ProcessingError: the store failed, or the
-                runtime is closed.
+            ValidationError: a bad argument (``input`` not JSON, or refused by the graph's ``merge``, …);
+                nothing changed. ProcessingError: the store failed, or the runtime is closed.
         """
         return self._run(RunKind.START, thread_id, graph, input, tenant_id, run_id=run_id)
 
@@ -295,7 +297,7 @@ class GraphRuntime:
         (retrying every ``CHILD_BUSY_RETRY`` by the runtime's clock, for at most ``claim_policy.ttl`` after the
         first refusal); anything else → admitted as ``start`` does, with this step's origin. If the child moved on
         between that look and the claim (another runtime recovered or ended it), it looks again (at most
-        ``SPAWN_RELOOKS`` times).
+        ``SPAWN_RELOOKS`` times). The child run's first commit is fenced by the parent run's claim.
 
         Raises:
             As :meth:`NodeContext.spawn`.
@@ -321,8 +323,9 @@ class GraphRuntime:
             recover = cp is not None and cp.status is CheckpointStatus.RUNNING and ctx._spawned_here(cp.origin)
             try:
                 if recover:
-                    return self._run(RunKind.RECOVER, thread_id, graph, None, ctx.tenant_id)
-                return self._run(RunKind.ADMIT, thread_id, graph, input, ctx.tenant_id, origin=ctx._child_origin())
+                    return self._run(RunKind.RECOVER, thread_id, graph, None, ctx.tenant_id, fence=ctx._fence())
+                origin, fence = ctx._child_origin(), ctx._fence()
+                return self._run(RunKind.ADMIT, thread_id, graph, input, ctx.tenant_id, origin=origin, fence=fence)
             except ThreadBusy as busy:
                 if not recover or not self._held_elsewhere(busy):
                     raise

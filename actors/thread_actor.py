@@ -84,6 +84,8 @@ class RunSpec:
         before_admit: called on the actor's thread under the claim, after the thread was checked and before
             anything is committed; raising refuses the run (the claim is released). A run-queue attempt uses it
             to check that it still holds its lease.
+        fence: ``(thread_id, token)`` of another claim that fences the run's first commit (``Commit.fence``):
+            a child run carries its parent run's, so a parent that lost its thread cannot start a child.
     """
 
     kind: RunKind
@@ -94,6 +96,7 @@ class RunSpec:
     run_id: str
     origin: CheckpointOrigin | None = None
     before_admit: Callable[[], None] | None = None
+    fence: tuple[str, int] | None = None
 
 
 @attrs.define
@@ -260,6 +263,17 @@ def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseE
         pass
 
 
+def _merged(graph: Graph, state: Any, update: Any) -> Any:
+    """``graph.merge(state, update)`` on copies; an exception of the user's merge refuses the input
+    (ValidationError on ``input``, nothing written) instead of escaping as a bare error of the runtime."""
+    try:
+        return graph.merge(copy.deepcopy(state), copy.deepcopy(update))
+    except Exception as error:
+        raise ValidationError(
+            "input", (f"graph {graph.graph_id!r}'s merge refused it: {type(error).__name__}: {error}",)
+        ) from error
+
+
 @attrs.define
 class _Plan:
     mode: str  # "start", "resume" or "recover"
@@ -372,7 +386,8 @@ class ThreadRun:
                 error=_describe(error),
                 duration_ms=self._ms(started),
             )
-            if isinstance(error, StaleClaim):
+            if self._own_claim_lost(error):
+                assert isinstance(error, StaleClaim)
                 self._note_lost(error, "commit")
             raise
         self._log.info(
@@ -392,6 +407,10 @@ class ThreadRun:
             return self.env.store.latest(self.spec.thread_id)
         except ThreadloomError:
             return None
+
+    def _own_claim_lost(self, error: BaseException) -> bool:
+        """True for a StaleClaim on this run's thread (not on the thread of a fence)."""
+        return isinstance(error, StaleClaim) and error.thread_id == self.spec.thread_id
 
     def _note_lost(self, error: StaleClaim, op: str) -> None:
         if self.lost is None:
@@ -472,8 +491,8 @@ class ThreadRun:
                 spec.before_admit()
             self._admit(plan)
         except Exception as error:
-            if not isinstance(error, StaleClaim):
-                self._release()
+            if not self._own_claim_lost(error):
+                self._release()  # a fence's StaleClaim is the parent's: this run still holds its thread
             self._refuse(error)
             return
         _set(self.handle._claimed, claim)
@@ -511,7 +530,7 @@ class ThreadRun:
                 )
             if status is CheckpointStatus.SUSPENDED:
                 raise InvalidRunState(spec.thread_id, op, "its run is suspended; resume it instead")
-            state = graph.merge(copy.deepcopy(cp.state) if cp is not None else None, copy.deepcopy(spec.input))
+            state = _merged(graph, cp.state if cp is not None else None, spec.input)
             return _Plan("start", state, graph.entry, cp, origin)
         assert cp is not None or status is None
         if kind is RunKind.RESUME and status is not CheckpointStatus.SUSPENDED:
@@ -527,9 +546,7 @@ class ThreadRun:
                 spec.thread_id, op, f"its latest checkpoint names no node of graph {graph.graph_id!r} to go on at"
             )
         if kind is RunKind.RESUME:
-            return _Plan(
-                "resume", graph.merge(copy.deepcopy(cp.state), copy.deepcopy(spec.input)), next_node, cp, origin
-            )
+            return _Plan("resume", _merged(graph, cp.state, spec.input), next_node, cp, origin)
         return _Plan("recover", cp.state, next_node, cp, origin)
 
     def _admit(self, plan: _Plan) -> None:
@@ -540,14 +557,14 @@ class ThreadRun:
             assert plan.base is not None
             payload = {"from_run": plan.base.run_id, "checkpoint_id": plan.base.id, "node": plan.next_node}
             event = self._event(g.EVENT_RUN_RECOVERED, payload, plan.base.id)
-            self._commit(Commit(token=self.token, events=(event,)), None)
+            self._commit(Commit(token=self.token, events=(event,), fence=self.spec.fence), None)
             return
         cp = self._checkpoint(
             step=0, status=CheckpointStatus.RUNNING, state=plan.state, next_node=plan.next_node, node=""
         )
         kind = g.EVENT_RUN_STARTED if plan.mode == "start" else g.EVENT_RUN_RESUMED
         event = self._event(kind, {"graph_id": self.spec.graph.graph_id, "node": plan.next_node}, cp.id)
-        self._commit(Commit(token=self.token, checkpoint=cp, events=(event,)), None)
+        self._commit(Commit(token=self.token, checkpoint=cp, events=(event,), fence=self.spec.fence), None)
         self.base = cp
 
     def _dispatch(self) -> None:
@@ -574,6 +591,7 @@ class ThreadRun:
             start_child=lambda thread_id, child_graph, child_input, context: self.env.start_child(
                 thread_id, child_graph, child_input, context
             ),
+            token=self.token,
         )
         fn = graph.nodes[node]
         state = copy.deepcopy(self.state)

@@ -505,14 +505,16 @@ def _args(op: str, args: tuple[Any, ...]) -> str:
     if op == "claim":
         request = args[1]
         return f"holder={request.holder}"
-    if op in ("renew", "release", "delete_thread"):
+    if op in ("renew", "release"):
         return f"token={args[1]}"
+    if op == "delete_thread":
+        return f"token={args[1]}{_fence_text(args[2] if len(args) > 2 else None)}"
     if op == "commit":
         commit: Commit = args[1]
         cp = commit.checkpoint
         cp_text = f" cp={cp.id}:{cp.status.value}" if cp is not None else ""
         effects = f" effects={','.join(e.key for e in commit.effects)}" if commit.effects else ""
-        return f"token={commit.token}{cp_text} events={len(commit.events)}{effects}"
+        return f"token={commit.token}{_fence_text(commit.fence)}{cp_text} events={len(commit.events)}{effects}"
     if op in ("events_after",):
         return f"after={args[1]}"
     if op == "sweep":
@@ -524,6 +526,10 @@ def _args(op: str, args: tuple[Any, ...]) -> str:
     if op == "enqueue":
         return f"thread={args[0]}"
     return ""
+
+
+def _fence_text(fence: tuple[str, int] | None) -> str:
+    return f" fence={fence[0]}:{fence[1]}" if fence is not None else ""
 
 
 def _result(op: str, result: Any) -> str:

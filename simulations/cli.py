@@ -25,7 +25,7 @@ from rich.text import Text
 from threadloom.cli import EXIT_FAILED, CliError, CliState, printable
 from threadloom.domain.errors import ValidationError
 from threadloom.simulations.regressions import REGRESSION_SEEDS
-from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, simulate
+from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, load_graph, simulate
 
 BATCH = 25
 """Seeds per task sent to a worker process."""
@@ -83,6 +83,15 @@ def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bo
         futures = [pool.submit(_batch, config, batch, list(sys.path), keep_trace) for batch in batches]
         for future in futures:
             yield from future.result()
+    except (EOFError, concurrent.futures.process.BrokenProcessPool) as error:
+        # The forkserver or a worker died (EOFError: before a worker started). click would call an EOFError
+        # an interrupt; it is a failure of the workers.
+        raise CliError(
+            f"the worker processes failed ({type(error).__name__}: {error or 'no detail'}); a module of the "
+            "working directory may shadow a standard one, or the graph's module may end its process. Try --jobs 1",
+            exit_code=EXIT_FAILED,
+            kind="WorkersFailed",
+        ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # Ctrl-C: the batches not started yet are dropped
 
@@ -144,6 +153,8 @@ def simulate_command(
         _replay_regressions(state)
         return
     config = SimConfig(store=store_kind, faults=_parse_faults(faults), graph=graph, plant=frozenset(plant))
+    if graph is not None:
+        load_graph(graph)  # a bad --graph is reported here, before any worker process starts
     start = first if first is not None else 0
     total = count if count is not None else (1 if first is not None else 100)
     seeds = list(range(start, start + total))
@@ -153,7 +164,7 @@ def simulate_command(
     elapsed = time.perf_counter() - began
     failed = [result for result in results if not result.ok]
     if state.json_output:
-        state.emit(_document(config, results, failed, elapsed))
+        state.emit(_document(config, results, failed, elapsed, traces=single or show_trace))
     else:
         _print(state, config, results, failed, elapsed, single or show_trace)
     if failed:
@@ -199,7 +210,11 @@ def _histogram_totals(results: Sequence[SeedResult]) -> Counter[str]:
     return total
 
 
-def _document(config: SimConfig, results: Sequence[SeedResult], failed: Sequence[SeedResult], elapsed: float) -> dict[str, Any]:
+def _document(
+    config: SimConfig, results: Sequence[SeedResult], failed: Sequence[SeedResult], elapsed: float, *, traces: bool
+) -> dict[str, Any]:
+    """The JSON document: the summary, the probes, the failures, and every seed's trace when ``traces``
+    (``--seed S`` alone, or ``--trace``)."""
     shortest = min(failed, key=lambda r: len(r.trace)) if failed else None
     return {
         "store": config.store,
@@ -224,6 +239,7 @@ def _document(config: SimConfig, results: Sequence[SeedResult], failed: Sequence
             "trace": list(shortest.trace),
         },
         "trace_hashes": {str(r.seed): r.trace_hash for r in results} if len(results) <= 100 else None,
+        "traces": {str(r.seed): list(r.trace) for r in results} if traces else None,
     }
 
 
@@ -277,9 +293,12 @@ def _print(
         verdicts.add_row(Text(str(result.seed)), Text(result.invariant or ""), Text(printable(result.detail or "")))
     out.print(verdicts)
     shortest = min(failed, key=lambda r: len(r.trace))
-    out.print(Text(f"shortest failing trace: seed {shortest.seed}, {len(shortest.trace)} lines", style="bold"))
-    for line in shortest.trace:
-        out.print(Text(printable(line)), soft_wrap=True)
+    if show_trace:
+        out.print(Text(f"shortest failing trace: seed {shortest.seed} (printed above)", style="bold"))
+    else:
+        out.print(Text(f"shortest failing trace: seed {shortest.seed}, {len(shortest.trace)} lines", style="bold"))
+        for line in shortest.trace:
+            out.print(Text(printable(line)), soft_wrap=True)
     out.print(Text(f"replay: {config.command(shortest.seed)}", style="bold"))
 
 

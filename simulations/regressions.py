@@ -72,6 +72,13 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
     ),
     RegressionSeed(seed=814, store="sqlite", found="as seed 823"),
     RegressionSeed(seed=1503, store="sqlite", found="as seed 823"),
+    RegressionSeed(
+        seed=109639,
+        found="runtime: a paused run that had lost its thread (deleted and begun again) still spawned its child; "
+        "the new run's spawn of the same child met that orphan RUNNING child and its run FAILED "
+        "(InvalidRunState). A child's first commit is now fenced by the parent run's claim",
+    ),
+    RegressionSeed(seed=115796, found="as seed 109639, after a takeover of the parent"),
     # Planted bugs: each seed is the first that caught its bug (it must keep catching it).
     RegressionSeed(seed=16, plant=("commit_unfenced",), found="a paused run's late commit applied with a stale token"),
     RegressionSeed(seed=9, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -37,7 +38,16 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.memory import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.store import Faults, SimStore
-from threadloom.simulations.world import EPOCH, NodeClock, SimNode, SimScheduler, SimStuck, SimTaskError, World
+from threadloom.simulations.world import (
+    EPOCH,
+    NodeClock,
+    SimForeignThread,
+    SimNode,
+    SimScheduler,
+    SimStuck,
+    SimTaskError,
+    World,
+)
 
 FAULT_KINDS: tuple[str, ...] = ("crash", "pause", "clock", "store", "slow")
 """The fault kinds a seed may suffer: a node crashes (its actors vanish without releasing); a node pauses past
@@ -168,12 +178,26 @@ def load_graph(spec: str) -> Graph:
 # -- the workload's graphs --------------------------------------------------------------------------------------
 
 
-def _observed(graph: Graph, world: World, oracle: Oracle) -> Graph:
-    """``graph`` with every ``ctx.effect`` call reported to the oracle when its function really runs."""
+def _observer(world: World, oracle: Oracle) -> Callable[[Graph], Graph]:
+    """A function giving a graph whose every ``ctx.effect`` call is reported to the oracle when its function
+    really runs — in the child graphs its nodes spawn too."""
+    seen: dict[int, tuple[Graph, Graph]] = {}  # id -> (the graph, kept so its id is not reused; the observed one)
+
+    def observe(target: Graph) -> Graph:
+        if id(target) not in seen:
+            observed = Graph(
+                target.graph_id,
+                {name: wrap(fn) for name, fn in target.nodes.items()},
+                entry=target.entry,
+                merge=target.merge,
+                max_steps=target.max_steps,
+            )
+            seen[id(target)] = (target, observed)
+        return seen[id(target)][1]
 
     def wrap(fn: Callable[[Any, NodeContext], Step]) -> Callable[[Any, NodeContext], Step]:
         def node(state: Any, ctx: NodeContext) -> Step:
-            real = ctx.effect
+            real_effect, real_spawn = ctx.effect, ctx.spawn
 
             def effect(key: str, run: Callable[[], Any]) -> Any:
                 def observed() -> Any:
@@ -181,20 +205,18 @@ def _observed(graph: Graph, world: World, oracle: Oracle) -> Graph:
                     oracle.effect_ran(who, ctx.thread_id, key, ctx.run_id)
                     return run()
 
-                return real(key, observed)
+                return real_effect(key, observed)
+
+            def spawn(thread_id: str, child: Graph, input: Any = None) -> Any:  # noqa: A002
+                return real_spawn(thread_id, observe(child) if isinstance(child, Graph) else child, input)
 
             ctx.effect = effect  # type: ignore[method-assign]
+            ctx.spawn = spawn  # type: ignore[method-assign]
             return fn(state, ctx)
 
         return node
 
-    return Graph(
-        graph.graph_id,
-        {name: wrap(fn) for name, fn in graph.nodes.items()},
-        entry=graph.entry,
-        merge=graph.merge,
-        max_steps=graph.max_steps,
-    )
+    return observe
 
 
 def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
@@ -261,10 +283,8 @@ class _Seed:
             self.faults.slow = rng.choice((0.02, 0.05, 0.1))
             self.faults.slow_for = TTL * rng.choice((0.5, 1, 2))
         job, child = _builtin_graphs(world)
-        self.graphs = [_observed(user_graph, world, self.oracle)] if user_graph is not None else [
-            _observed(job, world, self.oracle),
-            _observed(child, world, self.oracle),
-        ]
+        observe = _observer(world, self.oracle)
+        self.graphs = [observe(user_graph)] if user_graph is not None else [observe(job), observe(child)]
         self.main_graph = self.graphs[0]
         self.node_count = rng.choice((2, 2, 3))
         self.retention = RetentionPolicy(max_checkpoints=rng.choice((1, 2, 3)))
@@ -591,7 +611,9 @@ class _Seed:
 @contextlib.contextmanager
 def _quiet_logs() -> Iterator[None]:
     """Drops the library's log lines while a seed runs (the trace is the seed's record), then restores
-    structlog's configuration as it was: thousands of simulated runs would otherwise flood stderr."""
+    structlog's configuration as it was: thousands of simulated runs would otherwise flood stderr. pykka's own
+    debug lines (actors starting and stopping) are held back too, and so is the report of a thread a node started
+    that met :class:`SimForeignThread` (the seed fails with it instead)."""
     configured = structlog.is_configured()
     saved = structlog.get_config()
     structlog.configure(
@@ -600,9 +622,21 @@ def _quiet_logs() -> Iterator[None]:
         logger_factory=structlog.ReturnLoggerFactory(),
         cache_logger_on_first_use=False,
     )
+    pykka_logger = logging.getLogger("pykka")
+    pykka_level = pykka_logger.level
+    pykka_logger.setLevel(logging.WARNING)
+    hook = threading.excepthook
+
+    def quiet_hook(args: Any) -> None:
+        if not isinstance(args.exc_value, SimForeignThread):
+            hook(args)
+
+    threading.excepthook = quiet_hook
     try:
         yield
     finally:
+        threading.excepthook = hook
+        pykka_logger.setLevel(pykka_level)
         if configured:
             structlog.configure(**saved)
         else:
@@ -613,13 +647,15 @@ def simulate_seed(seed: int, config: SimConfig | None = None, *, graph: Graph | 
     """Runs one seed and returns its verdict (the same seed always gives the same trace and verdict).
 
     Args:
-        seed: the seed (any int).
+        seed: the seed, an int >= 0 (what ``threadloom simulate --seed`` takes).
         config: the store, fault kinds, user graph and planted bugs (default: memory, every fault).
         graph: the user graph already loaded (else ``config.graph`` is loaded).
 
     Raises:
-        ValidationError: a bad configuration or graph.
+        ValidationError: a bad seed, configuration or graph.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValidationError("seed", (f"must be an int >= 0; got {seed!r}",))
     config = config or SimConfig()
     if graph is None and config.graph is not None:
         graph = load_graph(config.graph)

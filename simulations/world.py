@@ -56,6 +56,10 @@ class SimTaskError(Exception):
     from Ctrl-C, a custom ``BaseException``, or an error of the workload itself): the seed fails with it."""
 
 
+class SimForeignThread(RuntimeError):
+    """Simulated code ran on an OS thread other than the world's (a node started a thread): the seed fails."""
+
+
 class SimNode:
     """One simulated process: its name, clock offset, and whether it is alive, paused or crashed."""
 
@@ -181,6 +185,7 @@ class World:
         self.after_step: Callable[[], None] = lambda: None
         self.stopped = False
         self._thread = threading.get_ident()
+        self.foreign_thread: str | None = None  # set when simulated code ran on another OS thread
 
     # -- nodes, tasks, timers -------------------------------------------------------------------------------------
 
@@ -219,9 +224,11 @@ class World:
         """
         task = self.current
         if threading.get_ident() != self._thread:
-            raise RuntimeError(
-                "a simulated node's code ran on another OS thread: a node under simulation must not start threads"
+            self.foreign_thread = self.foreign_thread or (
+                f"simulated code ran on another OS thread ({threading.current_thread().name!r}): a node under "
+                "simulation must not start threads"
             )
+            raise SimForeignThread(self.foreign_thread)
         if task is None or self._hub is None or greenlet.getcurrent() is self._hub:
             raise RuntimeError("only a task can block: the hub and its timers must not wait")
         if task.node.dead:
@@ -291,6 +298,8 @@ class World:
                         ) from error
                     finally:
                         self.current = None
+                if self.foreign_thread is not None:
+                    raise SimTaskError(self.foreign_thread)
                 self.after_step()
                 if self.stopped:
                     return

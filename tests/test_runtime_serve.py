@@ -304,6 +304,28 @@ def test_a_failing_run_finishes_its_entry_failed(stores, runtimes):
     assert done.status is EntryStatus.FAILED and "no good" in done.error
 
 
+def test_an_input_the_graphs_merge_refuses_finishes_its_entry_failed_at_once(stores, runtimes):
+    """A merge that raises refuses the input (ValidationError): retrying cannot help, so the first attempt
+    finishes the entry FAILED and nothing is written to the thread (found by the simulation: the entry was handed
+    back until max_attempts)."""
+    runtime = runtimes(stores[0], "W")
+
+    def picky(state, update):
+        raise ValueError("no such customer")
+
+    graph = Graph("picky", {"a": lambda state, ctx: Step.end(state)}, entry="a", merge=picky)
+    entry = runtime.enqueue("t1", "picky", {"customer": 7})
+    runtime.serve([graph], policy=FAST, block=False)
+    _wait_for(lambda: _finished(runtime.queue, entry.entry_id))
+    done = runtime.queue.entry(entry.entry_id)
+    assert done.status is EntryStatus.FAILED and done.attempts == 1
+    assert "merge refused it: ValueError: no such customer" in done.error
+    assert stores[0].latest("t1") is None and stores[0].events_after("t1", 0, 10) == []
+    with pytest.raises(ValidationError, match="input.*merge refused it"):
+        runtime.start("t1", graph, {"customer": 8})
+    assert stores[0].latest("t1") is None
+
+
 def test_an_entry_leased_too_often_is_given_up(manual, runtimes):
     (store, _), clock = manual
     runtime = runtimes(store, "W")

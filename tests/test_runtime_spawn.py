@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from structlog.testing import capture_logs
@@ -33,6 +33,8 @@ from threadloom import (
     GraphRuntime,
     InMemoryCheckpointer,
     InvalidRunState,
+    ManualClock,
+    StaleClaim,
     Step,
     ThreadBusy,
 )
@@ -381,5 +383,48 @@ def test_a_brand_new_child_is_still_started_with_this_steps_origin():
         assert kid.origin == CheckpointOrigin(
             parent_thread="parent", parent_checkpoint=store.latest("parent").checkpoint.parent, task_id="1:p"
         )
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("how", ["taken-over", "deleted"])
+def test_a_parent_that_lost_its_thread_cannot_start_a_child(how):
+    """The child's first commit is fenced by the parent run's claim: a parent run that lost its thread (taken over,
+    or deleted and begun again by another run) leaves no child behind for its successor (found by the simulation:
+    the successor's spawn of the same child was refused InvalidRunState and its run FAILED)."""
+    store_clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
+    store = InMemoryCheckpointer(clock=store_clock)
+    leaf = Graph("leaf", {"x": lambda state, ctx: Step.end({**state, "ran": True})}, entry="x")
+    lost = threading.Event()
+    at_spawn = threading.Event()
+    refused: list[BaseException] = []
+
+    def parent(state, ctx):
+        at_spawn.set()
+        assert lost.wait(20)
+        try:
+            ctx.spawn("kid", leaf, {})
+        except BaseException as error:
+            refused.append(error)
+            raise
+        return Step.end(state)
+
+    policy = ClaimPolicy(ttl=timedelta(seconds=30), renew_every=timedelta(seconds=20))
+    try:
+        with GraphRuntime(store, node_id="n1", claim_policy=policy) as runtime:
+            handle = runtime.start("parent", Graph("p", {"p": parent}, entry="p"), {}, tenant_id="acme")
+            assert at_spawn.wait(20)
+            store_clock.advance(timedelta(seconds=31))  # the run's claim expired, by the store's clock
+            thief = store.claim("parent", ClaimRequest(holder="n2:run-1", ttl=timedelta(seconds=30), tenant_id="acme"))
+            if how == "deleted":
+                store.delete_thread("parent", thief.token)
+            lost.set()
+            with pytest.raises(StaleClaim):
+                handle.wait(WAIT)
+        assert len(refused) == 1 and isinstance(refused[0], StaleClaim) and refused[0].thread_id == "parent"
+        assert store.latest("kid") is None and store.events_after("kid", 0, 10) == []
+        assert store.claim("kid", ClaimRequest(holder="n3:run-1", ttl=timedelta(seconds=30))).token > thief.token
+        if how == "taken-over":
+            assert store.latest("parent").checkpoint.status is CheckpointStatus.RUNNING  # no FAILED: recoverable
     finally:
         store.close()

@@ -20,7 +20,7 @@ from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.cli import run_seeds
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
-from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, World
+from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, SimTaskError, World
 
 CI_SEEDS = 2000
 """Seeds the clean run covers (the issue asks for at least 2,000 in CI)."""
@@ -265,7 +265,8 @@ def test_a_node_starting_an_os_thread_that_blocks_gets_a_clear_error():
 
         world.spawn(node, "t", task)
 
-    world.run(main, until=EPOCH + timedelta(seconds=1))
+    with pytest.raises(SimTaskError, match="another OS thread .* must not start threads"):
+        world.run(main, until=EPOCH + timedelta(seconds=1))
     assert errors and "must not start threads" in errors[0]
 
 
@@ -378,6 +379,20 @@ def user_graph(tmp_path, monkeypatch):
             def exiting_factory():
                 import sys
                 sys.exit(0)
+
+            def picky(state, update):
+                raise ValueError("no such customer")
+
+            PICKY = Graph("picky", {"answer": answer}, entry="answer", merge=picky)
+
+            def threaded(state, ctx):
+                import threading
+                worker = threading.Thread(target=lambda: ctx.effect("from-a-thread", lambda: 1))
+                worker.start()
+                worker.join()
+                return Step(state=state)
+
+            THREADED = Graph("threaded", {"threaded": threaded}, entry="threaded")
             """
         )
     )
@@ -496,3 +511,71 @@ def test_simulate_replays_the_regression_seeds():
 
 def test_fault_kinds_are_the_documented_ones():
     assert FAULT_KINDS == ("crash", "pause", "clock", "store", "slow")
+
+
+def test_a_graph_whose_merge_refuses_every_input_fails_its_runs_not_the_seed(user_graph):
+    results = [simulate_seed(seed, SimConfig(graph="sim_user_graph:PICKY")) for seed in range(6)]
+    assert [(r.seed, r.invariant, r.detail) for r in results if not r.ok] == []
+    assert sum(r.probes.get("entry_failed", 0) for r in results) > 0
+    assert any("merge refused it: ValueError: no such customer" in line for r in results for line in r.trace)
+
+
+def test_a_node_running_simulated_code_on_its_own_thread_fails_the_seed_quietly(user_graph, capfd):
+    result = simulate_seed(0, SimConfig(graph="sim_user_graph:THREADED"))
+    assert not result.ok and result.invariant == "tasks end cleanly"
+    assert "another OS thread" in result.detail
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_effects_of_spawned_child_graphs_are_checked_too(monkeypatch):
+    """A child graph's ``ctx.effect`` is observed as the parent's is: a runtime that ran a child's effect again
+    despite its committed record is caught (found by review: only the served graphs were observed)."""
+    from threadloom.actors.graph import NodeContext
+
+    real = NodeContext.effect
+
+    def forgetful(self, key, fn):
+        if key == "child_charge":
+            self._read_effect = lambda _key: None  # the bug: the child's committed record is not read
+        return real(self, key, fn)
+
+    monkeypatch.setattr(NodeContext, "effect", forgetful)
+    results = [simulate_seed(seed, SimConfig(faults=frozenset())) for seed in range(40)]
+    caught = [r for r in results if not r.ok]
+    assert caught and {r.invariant for r in caught} == {"effects run at most once"}
+    assert all("child_charge" in r.detail for r in caught)
+
+
+@pytest.mark.parametrize("seed", [-1, True, "5", 2.0])
+def test_simulate_seed_refuses_a_seed_the_command_could_not_replay(seed):
+    with pytest.raises(ValidationError, match="seed"):
+        simulate_seed(seed)
+
+
+def test_one_seed_in_json_carries_its_trace_and_a_failing_seed_prints_its_trace_once():
+    result = CliRunner().invoke(cli, ["--json", "simulate", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert any(" SEED " in line for line in doc["traces"]["3"]) and doc["shortest"] is None
+    assert doc["trace_hashes"]["3"] == simulate_seed(3).trace_hash
+    failing = CliRunner().invoke(cli, ["simulate", "--seed", "1", "--plant", "seq_reuse_after_delete"])
+    assert failing.exit_code == 1
+    assert failing.output.count("VIOLATION event numbers never reused") == 1
+    assert "(printed above)" in failing.output
+
+
+def test_simulate_keeps_pykka_debug_lines_out_of_the_output():
+    result = CliRunner().invoke(cli, ["--log-level", "debug", "simulate", "--seeds", "2"])
+    assert result.exit_code == 0, result.output
+    assert "Unregistered" not in result.output and "pykka" not in result.output
+
+
+def test_worker_processes_that_cannot_start_are_a_clear_error(tmp_path):
+    (tmp_path / "random.py").write_text('raise ImportError("shadowed random")\n')
+    script = os.path.join(os.path.dirname(sys.executable), "threadloom")  # not -m: it would import ./random.py
+    done = subprocess.run(
+        [script, "simulate", "--seeds", "60", "--jobs", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    assert "the worker processes failed" in done.stderr and "--jobs 1" in done.stderr
+    assert "interrupted" not in done.stderr
