@@ -60,6 +60,16 @@ RUN_EVENTS = frozenset(
 """The event types the runtime itself writes into a thread's log, beside the nodes' own."""
 END_EVENTS = frozenset({EVENT_RUN_COMPLETED, EVENT_RUN_SUSPENDED, EVENT_RUN_FAILED})
 """The run events that end a run's part of the log."""
+RESERVED_EVENT_PREFIX = "threadloom."
+"""Event types a node may not use: the runtime's own (``RUN_EVENTS``, and any it adds later)."""
+
+
+def _node_event_type(field: str, value: Any) -> str:
+    """A node's event type: an id outside the runtime's reserved ``threadloom.`` names."""
+    kind = v.check_id(field, value)
+    if kind.startswith(RESERVED_EVENT_PREFIX):
+        raise ValidationError(field, (f"{kind!r}: types starting {RESERVED_EVENT_PREFIX!r} are the runtime's own",))
+    return kind
 
 
 def _events(value: Any) -> tuple[tuple[str, Any], ...]:
@@ -69,7 +79,8 @@ def _events(value: Any) -> tuple[tuple[str, Any], ...]:
     for index, item in enumerate(value):
         if not isinstance(item, tuple) or len(item) != 2:
             raise ValidationError(f"step.events[{index}]", ("must be a (type, payload) pair",))
-        out.append((v.check_id(f"step.events[{index}] type", item[0]), v.check_json(f"step.events[{index}]", item[1])))
+        kind = _node_event_type(f"step.events[{index}] type", item[0])
+        out.append((kind, v.check_json(f"step.events[{index}]", item[1])))
     return tuple(out)
 
 
@@ -82,7 +93,8 @@ class Step:
         next: the next node, or None to end the run ``COMPLETED``.
         suspended: end the run ``SUSPENDED`` instead; ``GraphRuntime.resume`` continues at ``next`` with new
             input.
-        events: ``(type, payload)`` pairs committed after the events the node emitted with ``ctx.emit``.
+        events: ``(type, payload)`` pairs committed after the events the node emitted with ``ctx.emit``; a type
+            starting ``threadloom.`` (the runtime's own events) is a ValidationError.
     """
 
     state: Any = attrs.field(validator=lambda _i, _a, value: v.check_json("step.state", value))
@@ -233,12 +245,13 @@ class NodeContext:
         """Adds an event to this step's commit (numbered by the store when the step commits).
 
         Raises:
-            ValidationError: ``type`` is not an id or ``payload`` is not JSON (the node then fails).
+            ValidationError: ``type`` is not an id or starts ``threadloom.`` (the runtime's own events), or
+                ``payload`` is not JSON (the node then fails).
         """
         self._events.append(
             EventDraft(
                 run_id=self.run_id,
-                type=type,
+                type=_node_event_type("type", type),
                 timestamp=self._now(),
                 payload=copy.deepcopy(payload),
                 checkpoint_id=self.checkpoint_id,

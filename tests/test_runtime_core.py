@@ -167,6 +167,23 @@ def test_a_node_returning_garbage_fails_the_run_clearly(runtime, bad):
         handle.wait(WAIT)
 
 
+@pytest.mark.parametrize(
+    "node",
+    [
+        lambda state, ctx: ctx.emit(g.EVENT_RUN_COMPLETED, {}),
+        lambda state, ctx: Step.end(state, events=[("threadloom.anything", None)]),
+    ],
+    ids=["emit", "step-events"],
+)
+def test_a_node_cannot_write_the_runtimes_own_event_types(runtime, store, node):
+    """A log reader trusts ``threadloom.*`` events to come from the runtime (found by a hostile review: a node
+    could write ``threadloom.run_completed`` into its thread's log)."""
+    with pytest.raises(RunFailed, match="the runtime's own"):
+        runtime.start("t1", Graph("forger", {"n": node}, entry="n")).wait(WAIT)
+    types = [event.type for event in store.events_after("t1", 0, 10)]
+    assert types == [g.EVENT_RUN_STARTED, g.EVENT_RUN_FAILED]
+
+
 def test_max_steps_stops_a_loop(runtime, store):
     graph = Graph("loop", {"n": lambda state, ctx: Step.to("n", state)}, entry="n", max_steps=3)
     with pytest.raises(RunFailed, match="max_steps"):
