@@ -152,7 +152,8 @@ class Oracle:
         if error is not None:
             self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {type(error).__name__}")
             if isinstance(error, StaleClaim):
-                self.probe(f"stale_token_refused.{op}")
+                # a fence's refusal names the fencing thread (a child's admission fenced by its parent's claim)
+                self.probe(f"{'stale_token' if error.thread_id == thread_id else 'fence'}_refused.{op}")
             elif isinstance(error, ThreadBusy):
                 self.probe(f"busy.{op}")
             if op == "commit":
