@@ -387,13 +387,19 @@ def test_a_brand_new_child_is_still_started_with_this_steps_origin():
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
 @pytest.mark.parametrize("how", ["taken-over", "deleted"])
-def test_a_parent_that_lost_its_thread_cannot_start_a_child(how):
+def test_a_parent_that_lost_its_thread_cannot_start_a_child(how, kind, tmp_path):
     """The child's first commit is fenced by the parent run's claim: a parent run that lost its thread (taken over,
     or deleted and begun again by another run) leaves no child behind for its successor (found by the simulation:
     the successor's spawn of the same child was refused InvalidRunState and its run FAILED)."""
     store_clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
-    store = InMemoryCheckpointer(clock=store_clock)
+    if kind == "memory":
+        store = InMemoryCheckpointer(clock=store_clock)
+    else:
+        from threadloom.persistence.sqlite import SqliteCheckpointer
+
+        store = SqliteCheckpointer.open(str(tmp_path / "fence.db"), clock=store_clock)
     leaf = Graph("leaf", {"x": lambda state, ctx: Step.end({**state, "ran": True})}, entry="x")
     lost = threading.Event()
     at_spawn = threading.Event()
