@@ -356,22 +356,25 @@ class CliState:
         """The store named by ``--store``, opened on first use.
 
         Args:
-            create: create (and migrate) a SQLite file that does not exist. False (every command of this
-                module): a missing file is refused, so a mistyped path creates nothing.
+            create: create (and migrate) a SQLite file, or a PostgreSQL schema, that holds no store yet. False
+                (every command of this module): a missing one is refused, so a mistyped path or schema creates
+                nothing.
 
         Raises:
-            CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist and ``create``
-                is False (:data:`EXIT_FAILED`, kind ``StoreNotFound``), or the store could not be opened.
+            CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist, or a
+                PostgreSQL schema with no store, and ``create`` is False (:data:`EXIT_FAILED`, kind
+                ``StoreNotFound`` for SQLite, ``ProcessingError`` for PostgreSQL), or the store could not be opened.
         """
         if self._store is None:
             try:
                 path = sqlite_file(self.store_url)
                 if path is not None and not create and not os.path.exists(path):
                     raise CliError(
-                        f"no store at {os.path.abspath(path)!r}; run a command that writes, or check the path",
+                        f"no store at {os.path.abspath(path)!r}; run a command that writes (such as "
+                        f"'threadloom demo --store sqlite:///{path}'), or check the path",
                         kind="StoreNotFound",
                     )
-                self._store = open_store(self.store_url)
+                self._store = open_store(self.store_url, **self._postgres_options(create))
             except ValidationError as error:
                 reason = "; ".join(error.problems) if error.field == "url" else str(error)
                 raise CliError(
@@ -387,6 +390,15 @@ class CliState:
                 ) from error
             _log.debug("cli.store_opened", store=self.safe_url)
         return self._store
+
+    def _postgres_options(self, create: bool) -> dict[str, Any]:
+        """``open_store``'s options: for a PostgreSQL URL and not ``create``, a config that creates no schema."""
+        scheme = self.store_url.partition(":")[0].lower()
+        if create or scheme not in ("postgresql", "postgres"):
+            return {}
+        from threadloom.persistence.postgres import PostgresCheckpointerConfig
+
+        return {"config": PostgresCheckpointerConfig(create=False)}
 
     def close(self) -> None:
         """Closes the store if it was opened."""

@@ -35,6 +35,7 @@ import contextlib
 import itertools
 import os
 import secrets as _secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -1236,7 +1237,11 @@ def demo(
         prefix=prefix, timeout=timeout,
     )  # fmt: skip
     label = redact_url(url)
-    inspect = f"threadloom --store {label} threads --tenant {plan.tenant}" if keep or named is not None else ""
+    inspect = (  # quoted for a shell: a URL's "?schema=" is a glob
+        f"threadloom --store {shlex.quote(label)} threads --tenant {shlex.quote(plan.tenant)}"
+        if keep or named is not None
+        else ""
+    )
     console = state.err if state.json_output else state.out
     started = time.monotonic()
     store: Checkpointer | None = None

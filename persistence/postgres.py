@@ -164,6 +164,11 @@ def _check_bounded(field: str, low: timedelta, high: timedelta):
     return check
 
 
+def _check_flag(field: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValidationError(field, (f"must be True or False, got {type(value).__name__}",))
+
+
 @attrs.frozen(kw_only=True)
 class PostgresCheckpointerConfig:
     """How a :class:`PostgresCheckpointer` reaches and bounds its database (DESIGN §2 "Constructors").
@@ -181,6 +186,9 @@ class PostgresCheckpointerConfig:
             the client (seeds 003: "Every call returns within a bound"): 10 ms to 1 day
             (:data:`MIN_CALL_TIMEOUT`, :data:`MAX_CALL_TIMEOUT`; the server takes these limits in ``int4``
             milliseconds).
+        create: create the schema and its tables when it holds no store yet (default). False: such a schema is
+            refused with a ProcessingError and nothing is created, as a read-only tool wants (a store already
+            there is still migrated to this version).
 
     Raises:
         ValidationError: a field out of range, naming it (``config.schema``, ``config.max_size``…).
@@ -197,6 +205,7 @@ class PostgresCheckpointerConfig:
         default=timedelta(seconds=10),
         validator=_check_bounded("config.call_timeout", MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT),
     )
+    create: bool = attrs.field(default=True, validator=lambda _i, _a, value: _check_flag("config.create", value))
 
     def __attrs_post_init__(self) -> None:
         if self.max_size < self.min_size:
@@ -905,7 +914,12 @@ class PostgresCheckpointer(Checkpointer):
                             discard = False
                             return
                     except (errors.UndefinedTable, errors.InvalidSchemaName):
-                        pass
+                        if not self._config.create:
+                            raise ProcessingError(
+                                "open",
+                                f"no threadloom store in schema {self._config.schema!r} at {self._target} "
+                                "(nothing was created); run a command that writes, or check the schema",
+                            ) from None
                     ms = max(1, math.ceil(self._call_s * 1000))
                     with conn.transaction():
                         cur.execute(f"SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {ms}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -500,8 +501,8 @@ def test_the_demo_passes_on_postgresql():
         assert done.returncode == 0, done.stderr + done.stdout
         report = json.loads(done.stdout)
         assert report["passed"] and report["crash"]["takeovers"], report
-        assert report["inspect"].startswith("threadloom --store postgresql://")
-        assert f"schema={schema}" in report["inspect"]
+        assert report["inspect"].startswith("threadloom --store 'postgresql://")  # quoted: "?" is a glob
+        assert shlex.split(report["inspect"])[2].endswith(f"schema={schema}")
         with psycopg.connect(dsn, autocommit=True) as conn:  # the demo's threads are in the throwaway schema
             found = conn.execute(
                 psycopg.sql.SQL("SELECT count(*) FROM {}.threads WHERE thread_id IN (%s, %s)").format(

@@ -755,3 +755,37 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
             assert "Seq Scan" not in plan, f"{operation} scans a table:\n{plan}"
             if operation in ("latest", "history"):  # a thread's history is reached by (thread_id, pos) only
                 assert "checkpoints_pkey" in plan and "Filter: (pos" not in plan, plan
+
+
+# -- a schema with no store is not created on request ------------------------------------------------------------
+
+
+def test_a_config_that_creates_nothing_refuses_a_schema_with_no_store(harness: PgHarness) -> None:
+    missing = new_schema_name()
+    with pytest.raises(ProcessingError, match=f"no threadloom store in schema '{missing}'.*nothing was created"):
+        PostgresCheckpointer.open(harness.dsn, harness.config(schema=missing, create=False))
+    assert _schemas(harness.dsn, missing) == set()
+    harness.open().close()  # a store that exists opens as ever
+    store = PostgresCheckpointer.open(harness.dsn, harness.config(create=False))
+    store.close()
+    with pytest.raises(ValidationError, match="config.create"):
+        harness.config(create="no")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["threads"], ["show", "x"], ["history", "x"], ["events", "x"], ["stats"], ["sweep"]],
+    ids=lambda command: command[0],
+)
+def test_the_cli_never_creates_a_schema_it_only_reads(harness: PgHarness, command: list[str]) -> None:
+    """As for a mistyped SQLite path: a mistyped schema creates nothing (found by a new user's trial)."""
+    from click.testing import CliRunner
+
+    from threadloom.cli import EXIT_FAILED, cli
+
+    missing = new_schema_name()
+    url = _with_query(harness.dsn, f"schema={missing}")
+    result = CliRunner().invoke(cli, ["--store", url, *command])
+    assert result.exit_code == EXIT_FAILED, result.output
+    assert f"no threadloom store in schema '{missing}'" in result.output
+    assert _schemas(harness.dsn, missing) == set()
