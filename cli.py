@@ -1043,6 +1043,19 @@ def events(ctx: click.Context, thread: str, after: int | None, limit: int | None
     store = state.store()
     if after is None:
         after = _earliest_after(store, thread)
+    try:
+        _print_events(state, store, thread, after, limit, follow)
+    except ReplayUnavailable as error:  # told in the command's words (--after), not the library's (after_seq)
+        raise CliError(
+            f"events of thread {thread!r} before {error.earliest_seq} were compacted or pruned; use --after "
+            f"{error.earliest_seq - 1} or more, or leave --after out to start at the earliest kept",
+            kind="ReplayUnavailable",
+        ) from error
+
+
+def _print_events(
+    state: CliState, store: Checkpointer, thread: str, after: int, limit: int | None, follow: bool
+) -> None:
     if follow:
         if state.json_output:
 

@@ -451,4 +451,5 @@ def test_events_without_after_start_at_the_earliest_event_kept(db: Path) -> None
     assert [event["seq"] for event in shown["events"]] == [4, 5]
     refused = run("--store", url_of(db), "events", "t1", "--after", "1")
     assert refused.exit_code == 1
-    assert "compacted or pruned" in one_error_line(refused)
+    line = one_error_line(refused)
+    assert "compacted or pruned" in line and "use --after 3 or more" in line and "after_seq" not in line
