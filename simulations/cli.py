@@ -144,8 +144,10 @@ def simulate_command(
             given.append("--jobs")
         if show_trace:
             given.append("--trace")
-        if store_kind != "memory" or faults != "all":
-            given.append("--store" if store_kind != "memory" else "--faults")
+        if store_kind != "memory":
+            given.append("--store")
+        if faults != "all":
+            given.append("--faults")
         if given:
             raise click.UsageError(
                 f"--regressions replays each kept seed with its own options; drop {', '.join(given)}"
@@ -226,6 +228,7 @@ def _document(
         "failed": len(failed),
         "seconds": round(elapsed, 3),
         "seeds_per_second": round(len(results) / elapsed, 2) if elapsed > 0 else None,
+        "runs_failed": sum(result.probes.get("entry_failed", 0) for result in results),
         "steps": sum(result.steps for result in results),
         "virtual_seconds": round(sum(result.virtual_s for result in results), 3),
         "probes": {name: {"count": count, "seeds": seeds} for name, count, seeds in _histogram(results)},
@@ -310,7 +313,7 @@ def _replay_regressions(state: CliState) -> None:
         result = next(iter(run_seeds(config, [kept.seed], 1)))
         expected_ok = not kept.plant
         good = result.ok == expected_ok
-        rows.append((kept, result, good))
+        rows.append((kept, result, good, config.command(kept.seed)))
         if not good:
             wrong.append(config.command(kept.seed))
     if state.json_output:
@@ -323,15 +326,17 @@ def _replay_regressions(state: CliState) -> None:
                     "expected": "pass" if not kept.plant else "caught",
                     "verdict": "pass" if result.ok else f"failed: {result.invariant}",
                     "ok": good,
+                    "found": kept.found,
+                    "command": command,
                 }
-                for kept, result, good in rows
+                for kept, result, good, command in rows
             ]
         )
     else:
         table = Table(title="regression seeds", title_justify="left", header_style="bold")
         for column in ("seed", "store", "plant", "expected", "verdict", "found"):
             table.add_column(column)
-        for kept, result, good in rows:
+        for kept, result, good, _command in rows:
             table.add_row(
                 Text(str(kept.seed)),
                 Text(kept.store),

@@ -467,7 +467,7 @@ def test_simulate_json_document():
     result = CliRunner().invoke(cli, ["--json", "simulate", "--seeds", "5", "--seed", "100", "--faults", "crash,pause"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert doc["seeds"] == 5 and doc["first_seed"] == 100 and doc["failed"] == 0
+    assert doc["seeds"] == 5 and doc["first_seed"] == 100 and doc["failed"] == 0 and doc["runs_failed"] == 0
     assert doc["faults"] == ["crash", "pause"]
     assert set(doc["trace_hashes"]) == {"100", "101", "102", "103", "104"}
     assert all(entry["count"] >= entry["seeds"] >= 1 for entry in doc["probes"].values())
@@ -491,6 +491,7 @@ def test_simulate_without_faults_never_injects_one():
         (["--seed", "-1"], "seed"),
         (["--regressions", "--seeds", "5"], "--regressions replays each kept seed with its own options"),
         (["--regressions", "--store", "sqlite"], "drop --store"),
+        (["--regressions", "--store", "sqlite", "--faults", "none"], "drop --store, --faults"),
         (["--regressions", "--seed", "0"], "drop --seed"),
         (["--regressions", "--jobs", "2"], "drop --jobs"),
     ],
@@ -507,6 +508,8 @@ def test_simulate_replays_the_regression_seeds():
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert len(rows) == len(REGRESSION_SEEDS) and all(row["ok"] for row in rows)
+    assert [row["found"] for row in rows] == [kept.found for kept in REGRESSION_SEEDS]
+    assert rows[0]["command"] == f"threadloom simulate --seed {REGRESSION_SEEDS[0].seed}"
 
 
 def test_fault_kinds_are_the_documented_ones():
