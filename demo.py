@@ -1117,10 +1117,12 @@ def print_result(console: Console, result: DemoResult) -> None:
     if crash is not None:
         latencies = [t.after_s for t in crash.takeovers if t.after_s is not None]
         by = Counter(worker_of(t.by_run) for t in crash.takeovers)
+        children = sum(1 for t in crash.takeovers if t.thread_id not in crash.held)
         line = (
             f"crash: {crash.worker} (pid {crash.pid}) SIGKILLed at {crash.elapsed_s:.1f}s holding "
-            f"{len(crash.held)} runs mid-way; {len(crash.takeovers)} runs taken over "
-            f"({', '.join(f'{name}: {n}' for name, n in sorted(by.items()))})"
+            f"{len(crash.held)} runs mid-way; {len(crash.takeovers)} threads taken over ("
+            + (f"{len(crash.takeovers) - children} runs and {children} of their child threads; " if children else "")
+            + f"{', '.join(f'{name}: {n}' for name, n in sorted(by.items()))})"
         )
         if latencies:
             line += (
