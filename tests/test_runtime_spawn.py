@@ -55,7 +55,9 @@ GRAPH_MODULE = textwrap.dedent(
     def hang(ctx, mode, state):
         # Only in the doomed worker: stop here until it is killed.
         if os.environ.get("SPAWN_DOOMED") == "1" and state["mode"] == mode:
-            print("READY " + ctx.thread_id, file=sys.stderr, flush=True)
+            # one write(2) per line: several nodes reach here at once, and print() writes the line and its
+            # newline apart, so two READY lines could run together
+            os.write(2, ("READY " + ctx.thread_id + "\\n").encode())
             time.sleep(60)
 
     def search(state, ctx):
