@@ -60,6 +60,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import DEFAULT_SQLITE_PATH, Checkpointer, open_store, redact_url, sqlite_file, url_secrets
+from threadloom.persistence.logs import structlog_restored
 
 DEFAULT_STORE_URL = f"sqlite:///{DEFAULT_SQLITE_PATH}"
 """The store the command opens when neither ``--store`` nor ``$THREADLOOM_STORE`` names one."""
@@ -664,18 +665,13 @@ def _argv_wants_json(argv: Sequence[str]) -> bool:
 @contextlib.contextmanager
 def _logging_restored() -> Iterator[None]:
     """Restores structlog's configuration, the root logger and the driver loggers as they were."""
-    configured = structlog.is_configured()
-    saved = structlog.get_config()
     root = logging.getLogger()
     root_level, handlers = root.level, list(root.handlers)
     drivers = {name: logging.getLogger(name).level for name in DRIVER_LOGGERS}
     try:
-        yield
+        with structlog_restored():
+            yield
     finally:
-        if configured:
-            structlog.configure(**saved)
-        else:
-            structlog.reset_defaults()
         for handler in [h for h in root.handlers if h.get_name() == _HANDLER_NAME and h not in handlers]:
             root.removeHandler(handler)
         for handler in handlers:

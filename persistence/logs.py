@@ -7,6 +7,8 @@ call or a run must then go on exactly as if the line had been written: its claim
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -48,3 +50,18 @@ class SafeLogger:
 def get_logger(name: str) -> SafeLogger:
     """A :class:`SafeLogger` over ``structlog.get_logger(name)``."""
     return SafeLogger(structlog.get_logger(name))
+
+
+@contextlib.contextmanager
+def structlog_restored() -> Iterator[None]:
+    """Puts structlog's configuration back as it was on exit (unconfigured again, if it was): for the tools that
+    configure logging for a while — the CLI, a simulation, a benchmark — inside a host that has its own."""
+    configured = structlog.is_configured()
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        if configured:
+            structlog.configure(**saved)
+        else:
+            structlog.reset_defaults()

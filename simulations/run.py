@@ -35,6 +35,7 @@ from threadloom.domain.errors import ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.logs import structlog_restored
 from threadloom.persistence.memory import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.store import Faults, SimStore
@@ -614,33 +615,28 @@ def _quiet_logs() -> Iterator[None]:
     structlog's configuration as it was: thousands of simulated runs would otherwise flood stderr. pykka's own
     debug lines (actors starting and stopping) are held back too, and so is the report of a thread a node started
     that met :class:`SimForeignThread` (the seed fails with it instead)."""
-    configured = structlog.is_configured()
-    saved = structlog.get_config()
-    structlog.configure(
-        processors=[],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
-        logger_factory=structlog.ReturnLoggerFactory(),
-        cache_logger_on_first_use=False,
-    )
     pykka_logger = logging.getLogger("pykka")
     pykka_level = pykka_logger.level
-    pykka_logger.setLevel(logging.WARNING)
     hook = threading.excepthook
 
     def quiet_hook(args: Any) -> None:
         if not isinstance(args.exc_value, SimForeignThread):
             hook(args)
 
-    threading.excepthook = quiet_hook
-    try:
-        yield
-    finally:
-        threading.excepthook = hook
-        pykka_logger.setLevel(pykka_level)
-        if configured:
-            structlog.configure(**saved)
-        else:
-            structlog.reset_defaults()
+    with structlog_restored():
+        structlog.configure(
+            processors=[],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+            logger_factory=structlog.ReturnLoggerFactory(),
+            cache_logger_on_first_use=False,
+        )
+        pykka_logger.setLevel(logging.WARNING)
+        threading.excepthook = quiet_hook
+        try:
+            yield
+        finally:
+            threading.excepthook = hook
+            pykka_logger.setLevel(pykka_level)
 
 
 def simulate_seed(seed: int, config: SimConfig | None = None, *, graph: Graph | None = None) -> SeedResult:
