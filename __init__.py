@@ -9,12 +9,12 @@ from threadloom.actors import *  # noqa: F403
 from threadloom.actors import __all__ as _actors_all
 from threadloom.persistence.queue import RunQueue
 from threadloom.persistence import Checkpointer, InMemoryCheckpointer, SystemClock, open_store
-from threadloom.persistence.meter import InMemoryMeter, Meter
-from threadloom.persistence.metered import MeteredCheckpointer
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.persistence.metrics.meter import InMemoryMeter, Meter
+from threadloom.persistence.metrics.metered import MeteredCheckpointer
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 # Imports without psycopg: the postgres extra is needed only to open one (which says so otherwise).
-from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
+from threadloom.persistence.postgres.store import PostgresCheckpointer, PostgresCheckpointerConfig
 
 
 __all__ = [

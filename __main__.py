@@ -1,6 +1,6 @@
-"""``python -m threadloom``: the ``threadloom`` command (see :mod:`threadloom.cli`)."""
+"""``python -m threadloom``: the ``threadloom`` command (see :mod:`threadloom.cli.main`)."""
 
-from threadloom.cli import main
+from threadloom.cli.main import main
 
 if __name__ == "__main__":
     main()

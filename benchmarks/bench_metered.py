@@ -139,7 +139,7 @@ def _stores(settings: Settings) -> list[tuple[str, Callable[[], Checkpointer], C
         ("memory", InMemoryCheckpointer, lambda: None)
     ]
     try:
-        from threadloom.persistence.sqlite import SqliteCheckpointer
+        from threadloom.persistence.sqlite.store import SqliteCheckpointer
     except ImportError:
         pass
     else:
@@ -154,7 +154,7 @@ def _stores(settings: Settings) -> list[tuple[str, Callable[[], Checkpointer], C
     url = os.environ.get(PG_ENV)
     if url:
         try:
-            from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
+            from threadloom.persistence.postgres.store import PostgresCheckpointer, PostgresCheckpointerConfig
         except ImportError:
             pass
         else:

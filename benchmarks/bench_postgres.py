@@ -375,8 +375,8 @@ def _wake_ours(run: _Run, samples: int, *, metered: bool = False) -> list[float]
     """
     a, b = open_ours(run.url, run.ours, 1), open_ours(run.url, run.ours, 1)
     if metered:
-        from threadloom.persistence.meter import InMemoryMeter
-        from threadloom.persistence.metered import MeteredCheckpointer
+        from threadloom.persistence.metrics.meter import InMemoryMeter
+        from threadloom.persistence.metrics.metered import MeteredCheckpointer
 
         meter = InMemoryMeter()
         a, b = MeteredCheckpointer(a, meter), MeteredCheckpointer(b, meter)

@@ -173,7 +173,7 @@ def bare_rate(store: Checkpointer, seconds: float, writers: int = RUNS, prefix: 
 
 
 def _stores(settings: Settings) -> list[tuple[str, Callable[[str], Checkpointer]]]:
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     return [
         ("sqlite", lambda name: SqliteCheckpointer.open(str(settings.workdir / f"{name}.db"))),

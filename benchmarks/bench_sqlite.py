@@ -49,7 +49,7 @@ ROUNDS = 2
 def store_settings() -> tuple[str, str]:
     """The journal mode and ``synchronous`` setting the SQLite store uses, read from its module."""
     try:
-        from threadloom.persistence import sqlite as module
+        from threadloom.persistence.sqlite import store as module
     except ImportError as error:
         raise SectionUnavailable(f"the SQLite store is not available ({error})") from error
     return str(module.JOURNAL_MODE), str(module.SYNCHRONOUS)
@@ -57,7 +57,7 @@ def store_settings() -> tuple[str, str]:
 
 def open_sqlite(path: Path):
     """A SQLite store over the file ``path``."""
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     return SqliteCheckpointer.open(str(path))
 

@@ -9,6 +9,9 @@ from threadloom.domain.errors import (
     OutcomeUnknown,
     InvalidRunState,
     ProcessingError,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
     ReplayUnavailable,
     RunFailed,
     StaleClaim,
@@ -47,7 +50,7 @@ from threadloom.domain.values import (
 __all__ = [
     "BusyHolder", "CancelledError", "Checkpoint", "CheckpointConflict", "CheckpointNotFound", "CheckpointOrigin",
     "CheckpointStatus", "ClaimRequest", "Clock", "Commit", "EffectRecord", "EventDraft", "EventRecord",
-    "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "ReplayUnavailable",
+    "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "StoreClosed", "StoreCorrupt", "StoreUnavailable", "ReplayUnavailable",
     "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",
     "ThreadBusy", "ThreadCursor", "ThreadDeleted", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
     "ThreadloomError", "ValidationError",

@@ -6,7 +6,7 @@ errors by their fields, not with ``==``. Each message names the thread and says 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -153,8 +153,39 @@ class ProcessingError(ThreadloomError):
     operation: str
     message: str
 
+    retryable: ClassVar[bool] = False
+    """Whether the same call may simply be made again. True for :class:`StoreUnavailable`; an
+    :class:`OutcomeUnknown` write may be retried too, since fencing refuses or applies it once."""
+
     def __str__(self) -> str:
         return f"{self.operation} failed: {self.message}"
+
+
+@attrs.define(auto_exc=True, str=False)
+class StoreClosed(ProcessingError):
+    """A call on a store after ``close()``: open a new store. Not retryable on this store."""
+
+    retryable: ClassVar[bool] = False
+
+
+@attrs.define(auto_exc=True, str=False)
+class StoreUnavailable(ProcessingError):
+    """The storage could not be reached or answered too late, and the call did not apply.
+
+    Connection lost or refused, a call timeout before anything was sent, a database busy past ``busy_timeout``,
+    a full disk that rolled the write back. **Retryable**: nothing was written, so the same call may be made
+    again (after a pause).
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+@attrs.define(auto_exc=True, str=False)
+class StoreCorrupt(ProcessingError):
+    """The storage holds what this code cannot read: a damaged file, a row that does not decode, a schema
+    newer than the code. **Not retryable**: a person must look (restore a backup, upgrade the code)."""
+
+    retryable: ClassVar[bool] = False
 
 
 @attrs.define(auto_exc=True, str=False)
@@ -164,6 +195,8 @@ class OutcomeUnknown(ProcessingError):
     A retry is safe: fencing refuses a write from a run whose claim was replaced, and a checkpoint already
     applied makes the retry a :class:`CheckpointConflict` or :class:`InvalidCommit` (read the thread to learn).
     """
+
+    retryable: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return (

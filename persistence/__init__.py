@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus, unquote
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.clock import SystemClock
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 
 DEFAULT_SQLITE_PATH = "threadloom.db"
 """The file ``open_store("sqlite://")`` and the CLI use when no path is given: in the working directory."""
@@ -205,7 +205,7 @@ def open_store(url: str, **options: Any) -> Checkpointer:
         _take_options("memory", InMemoryCheckpointer.__init__, options)
         return InMemoryCheckpointer(**options)
     if scheme == "sqlite":
-        from threadloom.persistence.sqlite import SqliteCheckpointer
+        from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
         path = sqlite_file(url)
         assert path is not None
@@ -214,7 +214,7 @@ def open_store(url: str, **options: Any) -> Checkpointer:
     if scheme in ("postgresql", "postgres"):
         _check_postgres_url(url)
         try:
-            from threadloom.persistence.postgres import PostgresCheckpointer
+            from threadloom.persistence.postgres.store import PostgresCheckpointer
         except ImportError as error:
             raise ValidationError(
                 "url", (f"PostgreSQL needs the postgres extra (pip install 'threadloom[postgres]'): {error}",)

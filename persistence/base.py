@@ -18,7 +18,7 @@ import attrs
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
-from threadloom.domain.errors import CancelledError, ProcessingError, ValidationError
+from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -118,7 +118,7 @@ class Checkpointer(abc.ABC):
 
     def _ensure_open(self, operation: str) -> None:
         if self._closed:
-            raise ProcessingError(operation, "the store is closed; open a new one")
+            raise StoreClosed(operation, "the store is closed; open a new one")
 
     def close(self) -> None:
         """Closes the store (rule 12): later calls raise ``ProcessingError``; closing twice does nothing.

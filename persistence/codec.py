@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
@@ -232,7 +232,7 @@ class _decoding:
         if error is None:
             return False
         if isinstance(error, (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)):
-            raise ProcessingError(
+            raise StoreCorrupt(
                 "decode",
                 f"a stored {self.what} of thread {self.thread_id!r} does not decode ({type(error).__name__}: "
                 f"{error}); the row is damaged or was written by an incompatible version",

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli import EXIT_FAILED, CliError, CliState, printable
+from threadloom.cli.main import EXIT_FAILED, CliError, CliState, printable
 from threadloom.domain.errors import ValidationError
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, load_graph, simulate

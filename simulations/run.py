@@ -36,7 +36,7 @@ from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import structlog_restored
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.store import Faults, SimStore
 from threadloom.simulations.world import (
@@ -309,7 +309,7 @@ class _Seed:
                 return self.inner
             opened: Checkpointer = InMemoryCheckpointer(clock=clock)
         else:
-            from threadloom.persistence.sqlite import SqliteCheckpointer
+            from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
             assert self.workdir is not None
             opened = SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock)

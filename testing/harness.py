@@ -16,7 +16,7 @@ from typing import Any
 
 from threadloom.domain.clock import ManualClock
 from threadloom.persistence.base import OPERATIONS, Checkpointer
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

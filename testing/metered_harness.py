@@ -1,4 +1,4 @@
-"""Harnesses that run the contract suite through :class:`~threadloom.persistence.metered.MeteredCheckpointer`.
+"""Harnesses that run the contract suite through :class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer`.
 
 ``metered_harness(SomeHarness)`` is a :class:`~threadloom.testing.harness.StoreHarness` subclass whose every store
 (``open``, ``sibling``, ``reopen``) is ``SomeHarness``'s store wrapped in a ``MeteredCheckpointer``, all of one
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.meter import InMemoryMeter, Meter
-from threadloom.persistence.metered import MeteredCheckpointer
+from threadloom.persistence.metrics.meter import InMemoryMeter, Meter
+from threadloom.persistence.metrics.metered import MeteredCheckpointer
 from threadloom.testing.harness import StoreHarness
 
 _cache: dict[tuple[type[StoreHarness], Callable[[], Meter]], type[StoreHarness]] = {}

@@ -33,7 +33,7 @@ import pytest
 
 from threadloom.persistence import redact_url
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.postgres import (
+from threadloom.persistence.postgres.store import (
     PostgresCheckpointer,
     PostgresCheckpointerConfig,
 )

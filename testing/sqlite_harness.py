@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import AlternatingCheckpointer, StoreHarness
 
 

@@ -63,7 +63,7 @@ from threadloom.domain.values import (
     ThreadStatus,
 )
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing.harness import START, AlternatingCheckpointer, StoreHarness
 
 __all__ = ["make_state_machine", "normalize"]

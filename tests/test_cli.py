@@ -30,8 +30,8 @@ from threadloom import (
     EventDraft,
     PendingWrite,
 )
-from threadloom.cli import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, parse_duration
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.cli.main import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, parse_duration
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 HOUR = timedelta(hours=1)

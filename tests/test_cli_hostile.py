@@ -20,10 +20,10 @@ import structlog
 from click.testing import CliRunner
 
 from threadloom import Checkpoint, CheckpointStatus, ClaimRequest, Commit, EventDraft, PendingWrite
-from threadloom.cli import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, printable
+from threadloom.cli.main import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, printable
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence import open_store, redact_url, sqlite_file, url_secrets
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 SECRET = "s3cretPW"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

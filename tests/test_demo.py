@@ -37,8 +37,8 @@ from threadloom import (
     ThreadStatus,
 )
 from threadloom.actors.graph import END_EVENTS, EVENT_RUN_RECOVERED, STEP_KEY
-from threadloom.cli import EXIT_USAGE, STORE_ENV, cli
-from threadloom.demo import (
+from threadloom.cli.main import EXIT_USAGE, STORE_ENV, cli
+from threadloom.cli.demo.run import (
     Crash,
     DemoPlan,
     _check_gap_free,
@@ -48,7 +48,7 @@ from threadloom.demo import (
     port_in_use,
     verify,
 )
-from threadloom.demo_graph import (
+from threadloom.cli.demo.graph import (
     AGENT_GRAPH,
     Ledger,
     build_graphs,
@@ -104,7 +104,7 @@ def test_the_demo_crashes_a_worker_and_every_check_passes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_sigkilled_workers_threads_are_recovered_within_ttl_and_its_effects_ran_once(tmp_path):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     ttl = timedelta(seconds=2)
     db, ledger_path = tmp_path / "crash.db", tmp_path / "ledger.db"

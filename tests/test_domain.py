@@ -47,7 +47,7 @@ from threadloom.domain.values import (
     ThreadStatus,
     ThreadSummary,
 )
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing import strategies as tls
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -21,8 +21,8 @@ from threadloom import (  # noqa: E402
     StaleClaim,
     ValidationError,
 )
-from threadloom.persistence.meter import LATENCY_BUCKETS, MetricSpec  # noqa: E402
-from threadloom.persistence.meter_otel import OpenTelemetryMeter, instrument_name  # noqa: E402
+from threadloom.persistence.metrics.meter import LATENCY_BUCKETS, MetricSpec  # noqa: E402
+from threadloom.persistence.metrics.otel import OpenTelemetryMeter, instrument_name  # noqa: E402
 from threadloom.testing.contract import CheckpointerContract  # noqa: E402
 from threadloom.testing.harness import MemoryHarness  # noqa: E402
 from threadloom.testing.metered_harness import metered_harness  # noqa: E402

@@ -32,7 +32,7 @@ from threadloom import (
     ThreadQuery,
     ValidationError,
 )
-from threadloom.persistence.metered import OPERATIONS, STORE_METRICS
+from threadloom.persistence.metrics.metered import OPERATIONS, STORE_METRICS
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TTL = timedelta(seconds=30)
@@ -504,7 +504,7 @@ def test_in_memory_meter_is_thread_safe():
 
 
 def test_histogram_buckets_are_cumulative_with_inclusive_upper_bounds():
-    from threadloom.persistence.meter import MetricSpec
+    from threadloom.persistence.metrics.meter import MetricSpec
 
     meter = InMemoryMeter()
     meter.describe(MetricSpec(name="size", kind="histogram", help="sizes", buckets=(1, 5, 10)))
@@ -534,7 +534,7 @@ def test_snapshot_is_plain_data_a_copy_and_label_order_does_not_matter():
 
 
 def test_describe_refuses_a_conflicting_spec():
-    from threadloom.persistence.meter import MetricSpec
+    from threadloom.persistence.metrics.meter import MetricSpec
 
     meter = InMemoryMeter()
     meter.describe(MetricSpec(name="x_total", kind="counter", help="x"))

@@ -1,7 +1,7 @@
 """The whole store contract suite through MeteredCheckpointer, over memory and SQLite (seeds 000: the decorator
 restates the whole contract, so every rule must hold unchanged through it)."""
 
-from threadloom.persistence.metered import MeteredCheckpointer
+from threadloom.persistence.metrics.metered import MeteredCheckpointer
 from threadloom.persistence.queue import queue_of
 from threadloom.testing.contract import CheckpointerContract
 from threadloom.testing.harness import MemoryHarness

@@ -18,9 +18,9 @@ from threadloom import (
     InMemoryMeter,
     MeteredCheckpointer,
 )
-from threadloom.cli import cli
-from threadloom.persistence.metered import OPERATIONS
-from threadloom.stats_cli import operations, probe
+from threadloom.cli.main import cli
+from threadloom.persistence.metrics.metered import OPERATIONS
+from threadloom.cli.stats import operations, probe
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -101,7 +101,7 @@ def test_stats_refuses_bad_input_as_a_usage_error(args):
 
 
 def test_stats_over_a_sqlite_file_reads_its_threads_and_changes_nothing(tmp_path):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     path = tmp_path / "store.db"
     store = SqliteCheckpointer.open(str(path))

@@ -157,8 +157,8 @@ def test_a_backend_killed_mid_call_leaves_nothing_half_written(harness: PgHarnes
 
 def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgHarness) -> None:
     """Found by hostile testing: open reported a failed migration as an unknown outcome; it is not a write."""
-    from threadloom.persistence import postgres_sql as q
-    from threadloom.persistence.postgres import PostgresCheckpointer
+    from threadloom.persistence.postgres import sql as q
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
 
     schema = new_schema_name()
     locker = psycopg.connect(harness.dsn)  # holds the migration lock of the new schema: open waits on it
@@ -193,7 +193,7 @@ def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgH
 
 
 def test_a_stalled_network_hits_the_client_deadline(harness: PgHarness, proxy: StallingProxy) -> None:
-    from threadloom.persistence.postgres import PostgresCheckpointer
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
 
     store = PostgresCheckpointer.open(
         proxy.dsn,
@@ -227,7 +227,7 @@ def test_a_stalled_network_hits_the_client_deadline(harness: PgHarness, proxy: S
 
 
 def test_cancel_during_a_stalled_read_discards_its_connection(harness: PgHarness, proxy: StallingProxy) -> None:
-    from threadloom.persistence.postgres import PostgresCheckpointer
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
 
     store = PostgresCheckpointer.open(
         proxy.dsn, harness.config(min_size=1, max_size=2, connect_timeout=timedelta(seconds=2))
@@ -411,7 +411,7 @@ def test_a_write_the_driver_refuses_to_send_is_a_processing_error(harness: PgHar
     call (``_call``), on both of its paths (prepared binary statements on its own pool, client-side binding on
     a caller's pool), with values the public methods refuse (so the driver is reached only this way)."""
     import psycopg_pool
-    from threadloom.persistence.postgres import PostgresCheckpointer
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
 
     pool = None
     if caller_pool:

@@ -1,4 +1,4 @@
-"""What is particular to the PostgreSQL run queue (DESIGN §4; ``persistence/postgres_queue.py``, migration 2).
+"""What is particular to the PostgreSQL run queue (DESIGN §4; ``persistence/postgres/queue.py``, migration 2).
 
 The queue contract itself runs over PostgreSQL in ``test_queue_contract.py`` and the worker loop in
 ``test_runtime_serve.py``; these tests look at what only a schema shared by several stores and processes shows:
@@ -49,7 +49,7 @@ from threadloom import (
     ThreadloomError,
     ValidationError,
 )
-from threadloom.persistence import postgres_sql
+from threadloom.persistence.postgres import sql as postgres_sql
 from threadloom.testing.harness import START
 from threadloom.testing.postgres_harness import (
     PgCallerPoolHarness,

@@ -40,7 +40,7 @@ from threadloom import (
     ValidationError,
     open_store,
 )
-from threadloom.persistence.postgres import map_error
+from threadloom.persistence.postgres.store import map_error
 from threadloom.testing.postgres_harness import (
     PgHarness,
     drop_schema,
@@ -119,7 +119,7 @@ def test_config_refuses_bad_fields_naming_them(changes, field) -> None:
 
 
 def test_config_takes_the_timeouts_at_their_bounds() -> None:
-    from threadloom.persistence.postgres import (
+    from threadloom.persistence.postgres.store import (
         MAX_CALL_TIMEOUT,
         MAX_CONNECT_TIMEOUT,
         MIN_CALL_TIMEOUT,
@@ -781,7 +781,7 @@ def test_the_cli_never_creates_a_schema_it_only_reads(harness: PgHarness, comman
     """As for a mistyped SQLite path: a mistyped schema creates nothing (found by a new user's trial)."""
     from click.testing import CliRunner
 
-    from threadloom.cli import EXIT_FAILED, cli
+    from threadloom.cli.main import EXIT_FAILED, cli
 
     missing = new_schema_name()
     url = _with_query(harness.dsn, f"schema={missing}")

@@ -78,7 +78,7 @@ def _memory(tmp_path, request):
 
 
 def _sqlite(tmp_path, request):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     clock = ManualClock(START)
     return QueueEnv(SqliteCheckpointer.open(str(tmp_path / "queue.db"), clock=clock), clock)

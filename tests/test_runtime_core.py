@@ -41,7 +41,7 @@ def _memory(tmp_path):
 
 
 def _sqlite(tmp_path):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     return SqliteCheckpointer.open(str(tmp_path / "runtime.db"))
 

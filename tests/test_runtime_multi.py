@@ -52,7 +52,7 @@ class Storage:
     def store(self):
         if self._memory is not None:
             return self._memory
-        from threadloom.persistence.sqlite import SqliteCheckpointer
+        from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
         store = SqliteCheckpointer.open(self._path, clock=self.clock)
         self._stores.append(store)

@@ -68,7 +68,7 @@ def _load(path):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_sigkilled_workers_run_is_recovered_by_another_process(tmp_path, monkeypatch):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     (tmp_path / "crash_graph.py").write_text(GRAPH_MODULE)
     log = tmp_path / "calls.log"

@@ -43,7 +43,7 @@ def _memory(request, tmp_path, clock):
 
 
 def _sqlite(request, tmp_path, clock):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     path = str(tmp_path / "serve.db")
     return [SqliteCheckpointer.open(path, clock=clock) for _ in range(2)]

@@ -179,7 +179,7 @@ def crashed(tmp_path_factory):
 
 @pytest.fixture
 def store(crashed):
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
     store = SqliteCheckpointer.open(crashed.db)
     yield store
@@ -399,7 +399,7 @@ def test_a_parent_that_lost_its_thread_cannot_start_a_child(how, kind, tmp_path)
     if kind == "memory":
         store = InMemoryCheckpointer(clock=store_clock)
     else:
-        from threadloom.persistence.sqlite import SqliteCheckpointer
+        from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
         store = SqliteCheckpointer.open(str(tmp_path / "fence.db"), clock=store_clock)
     leaf = Graph("leaf", {"x": lambda state, ctx: Step.end({**state, "ran": True})}, entry="x")

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from click.testing import CliRunner
 
-from threadloom.cli import cli
+from threadloom.cli.main import cli
 from threadloom.domain.errors import ValidationError
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.cli import run_seeds

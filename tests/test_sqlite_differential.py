@@ -33,7 +33,7 @@ from threadloom.domain.values import (
     ThreadQuery,
     ThreadStatus,
 )
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing.sqlite_harness import SqliteHarness, SqlitePairHarness, SqliteReopeningHarness
 
 THREADS = ["a", "b", "c", "p", "ü-x", "z"]

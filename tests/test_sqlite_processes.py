@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from threadloom.domain.values import ClaimRequest
-from threadloom.persistence.sqlite import SCHEMA_VERSION, SqliteCheckpointer
+from threadloom.persistence.sqlite.store import SCHEMA_VERSION, SqliteCheckpointer
 
 pytestmark = pytest.mark.slow  # each worker is a fresh interpreter
 

@@ -1,4 +1,4 @@
-"""What is particular to the SQLite run queue (DESIGN §4; ``persistence/sqlite_queue.py``).
+"""What is particular to the SQLite run queue (DESIGN §4; ``persistence/sqlite/queue.py``).
 
 The queue contract itself runs over SQLite in ``test_queue_contract.py`` and the worker loop in
 ``test_runtime_serve.py``; these tests look at what only a file shared by several stores and processes shows:
@@ -41,9 +41,9 @@ from threadloom import (
     ThreadloomError,
     ValidationError,
 )
-from threadloom.persistence import sqlite as sqlite_store
-from threadloom.persistence import sqlite_queue
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.persistence.sqlite import store as sqlite_store
+from threadloom.persistence.sqlite import queue as sqlite_queue
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import START
 
 TTL = timedelta(seconds=30)

@@ -38,8 +38,8 @@ from threadloom.domain.values import (
     ThreadStatus,
 )
 from threadloom.persistence import codec
-from threadloom.persistence import sqlite as sqlite_store
-from threadloom.persistence.sqlite import SYNCHRONOUS, SqliteCheckpointer
+from threadloom.persistence.sqlite import store as sqlite_store
+from threadloom.persistence.sqlite.store import SYNCHRONOUS, SqliteCheckpointer
 from threadloom.testing.harness import START
 
 LONG = timedelta(hours=1)

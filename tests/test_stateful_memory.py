@@ -14,7 +14,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from threadloom.persistence import codec
-from threadloom.persistence.memory import InMemoryCheckpointer
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing.harness import MemoryHarness
 from threadloom.testing.stateful import make_state_machine
 

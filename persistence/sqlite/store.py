@@ -19,7 +19,7 @@ with the same pure rules (:mod:`threadloom.domain.rules`) and storing the same J
   number of processes may open a new file at once, and a file written at an earlier version is migrated forward
   when it is opened.
 * **The run queue** (DESIGN §4) lives in the same file: ``store.queue`` is a
-  :class:`~threadloom.persistence.sqlite_queue.SqliteRunQueue` working through this store's transactions, and
+  :class:`~threadloom.persistence.sqlite.queue.SqliteRunQueue` working through this store's transactions, and
   ``prune`` and ``sweep`` read the runs its open entries recorded inside their own write transaction.
 
 Connection settings: ``journal_mode=WAL`` (stored in the file), ``synchronous`` = :data:`SYNCHRONOUS`
@@ -77,7 +77,7 @@ from threadloom.domain.values import (
 from threadloom.persistence import codec
 from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.clock import SystemClock
-from threadloom.persistence.sqlite_queue import QUEUE_MIGRATION, SqliteRunQueue, open_runs_in
+from threadloom.persistence.sqlite.queue import QUEUE_MIGRATION, SqliteRunQueue, open_runs_in
 
 T = TypeVar("T")
 
@@ -183,7 +183,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX children_listed ON children (parent, place) WHERE listed = 1",
     ),
     # 2: the durable run queue (DESIGN §4): tables run_queue and run_queue_runs, see
-    # :mod:`threadloom.persistence.sqlite_queue` for the columns and the call each index answers.
+    # :mod:`threadloom.persistence.sqlite.queue` for the columns and the call each index answers.
     QUEUE_MIGRATION,
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""

@@ -86,9 +86,9 @@ REGISTRY_SCAN_PAGES = 10
 """``show`` looks for the thread's registry row in at most this many pages of 1000 of its tenant's threads."""
 
 LAZY_COMMANDS: dict[str, str] = {
-    "stats": "threadloom.stats_cli:stats",
-    "demo": "threadloom.demo:demo",
-    "demo-worker": "threadloom.demo:demo_worker",
+    "stats": "threadloom.cli.stats:stats",
+    "demo": "threadloom.cli.demo.run:demo",
+    "demo-worker": "threadloom.cli.demo.run:demo_worker",
     "simulate": "threadloom.simulations.cli:simulate_command",
 }
 """Commands defined in other modules: name -> ``"module:attribute"`` (a ``click.Command``), imported on use.
@@ -397,7 +397,7 @@ class CliState:
         scheme = self.store_url.partition(":")[0].lower()
         if create or scheme not in ("postgresql", "postgres"):
             return {}
-        from threadloom.persistence.postgres import PostgresCheckpointerConfig
+        from threadloom.persistence.postgres.store import PostgresCheckpointerConfig
 
         return {"config": PostgresCheckpointerConfig(create=False)}
 

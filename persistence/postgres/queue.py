@@ -6,7 +6,7 @@ timeout set on the server and enforced on the client), and every driver error go
 mapping function (:func:`~threadloom.persistence.postgres.map_error`). The database decides time: enqueue,
 lease, expiry, renewal, release and finish times are the server's ``clock_timestamp()``.
 
-Each write is one PL/pgSQL function of migration 2 (:data:`~threadloom.persistence.postgres_sql.QUEUE_MIGRATION`)
+Each write is one PL/pgSQL function of migration 2 (:data:`~threadloom.persistence.postgres.sql.QUEUE_MIGRATION`)
 called in one statement:
 
 * ``tl_q_lease`` selects the oldest leasable head ``FOR UPDATE SKIP LOCKED LIMIT 1`` through the partial index
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
-from threadloom.persistence import postgres_sql as q
+from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:  # pragma: no cover
-    from threadloom.persistence.postgres import PostgresCheckpointer
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
 
 
 def _micros(delta: timedelta) -> int:

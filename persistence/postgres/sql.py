@@ -14,7 +14,7 @@ Design (DESIGN §3 "Stores", seeds 003):
   schema's channel with the thread id when it numbered events or deleted the thread.
 * The run queue (migration 2, :data:`QUEUE_MIGRATION`): tables ``run_queue`` and ``run_queue_runs`` and the
   functions ``tl_q_*``; ``tl_prune_row`` is replaced so that ``tl_prune`` and ``tl_sweep`` keep the newest
-  checkpoint of every run an open entry recorded. See :mod:`~threadloom.persistence.postgres_queue`.
+  checkpoint of every run an open entry recorded. See :mod:`~threadloom.persistence.postgres.queue`.
 * Migration 3 (:data:`RETENTION_MIGRATION`) widens the retention functions' checkpoint count to ``bigint``.
 * Commit stamps (``committed_at``, ``updated_at``) are the database clock, made non-decreasing per thread
   (``greatest(clock_timestamp(), last stamp)``) so that what retention removes by age is always a prefix of a

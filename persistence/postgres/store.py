@@ -11,7 +11,7 @@ How a call runs (one round trip, one transaction):
 
 * Every call takes a pooled connection (psycopg 3 + psycopg_pool; each call its own) in autocommit mode.
 * A write is one PL/pgSQL function (``tl_commit``, ``tl_claim``, ``tl_delete``…, see
-  :mod:`~threadloom.persistence.postgres_sql`) called in one statement: it locks the thread's row, checks
+  :mod:`~threadloom.persistence.postgres.sql`) called in one statement: it locks the thread's row, checks
   token, fence and parent, numbers events from the row and writes the JSON texts it was given.
 * The server-side limits (``statement_timeout``, ``lock_timeout``, ``idle_in_transaction_session_timeout``, all
   ``call_timeout``) are set, with a pool of the store's own, once per connection by the pool's ``configure``
@@ -29,7 +29,7 @@ How a call runs (one round trip, one transaction):
   at COMMIT. The notification is only a hint: the waiter re-reads.
 
 The durable run queue (DESIGN §4) lives in the same schema: ``store.queue`` is a
-:class:`~threadloom.persistence.postgres_queue.PostgresRunQueue` whose calls run through this store's bounded
+:class:`~threadloom.persistence.postgres.queue.PostgresRunQueue` whose calls run through this store's bounded
 calls and error mapping (leases with ``FOR UPDATE SKIP LOCKED``, one function call each); ``prune`` and ``sweep``
 keep the newest checkpoint of every run an open entry recorded, read in their own transaction.
 
@@ -88,14 +88,14 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence import postgres_sql as q
+from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.base import Checkpointer, ask_guard
-from threadloom.persistence.postgres_queue import PostgresRunQueue
+from threadloom.persistence.postgres.queue import PostgresRunQueue
 
 if TYPE_CHECKING:  # pragma: no cover
     from psycopg_pool import ConnectionPool
 
-log = _safe_logger("threadloom.persistence.postgres")
+log = _safe_logger("threadloom.persistence.postgres.store")
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

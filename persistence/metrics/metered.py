@@ -3,7 +3,7 @@
 It delegates every method to the inner store's *public* method - so the inner store's own validation, its
 closed check and its own :meth:`~threadloom.persistence.base.Checkpointer.await_events_after` (the one that wakes
 on commits, for memory and PostgreSQL) run unchanged - and records around each call, into a
-:class:`~threadloom.persistence.meter.Meter`:
+:class:`~threadloom.persistence.metrics.meter.Meter`:
 
 ==========================================  =========  ==============  ===============================================
 metric                                      kind       labels          what
@@ -75,7 +75,7 @@ from threadloom.domain.values import (
     ThreadQuery,
 )
 from threadloom.persistence.base import OPERATIONS, Checkpointer
-from threadloom.persistence.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
 
 _log = _safe_logger("threadloom.metrics")
 
@@ -173,7 +173,7 @@ class MeteredCheckpointer(Checkpointer):
 
     Args:
         inner: the store to meter. The wrapper owns it from now on: :meth:`close` closes it.
-        meter: where measurements go; a new :class:`~threadloom.persistence.meter.InMemoryMeter` when None.
+        meter: where measurements go; a new :class:`~threadloom.persistence.metrics.meter.InMemoryMeter` when None.
             Several wrappers may share one meter (their counts add up).
 
     Raises:

@@ -3,7 +3,7 @@
 The command is the coordinator (DESIGN §4, §5):
 
 1. It opens the store — a SQLite file in a fresh temporary folder, or the one ``--store`` names — and enqueues
-   ``--runs`` runs of the sample agent graph (:mod:`threadloom.demo_graph`) on threads ``demo-001``… of tenant
+   ``--runs`` runs of the sample agent graph (:mod:`threadloom.cli.demo.graph`) on threads ``demo-001``… of tenant
    ``acme``.
 2. It starts ``--workers`` worker processes (``python -m threadloom demo-worker``, hidden), each serving the run
    queue with a short claim and lease ttl; they log JSON lines to files in the demo's folder.
@@ -16,12 +16,12 @@ The command is the coordinator (DESIGN §4, §5):
    strictly increasing. It prints a table (or, with ``--json``, one JSON document) and exits 1 if a check
    failed.
 
-The effect ledger (:class:`~threadloom.demo_graph.Ledger`) stands in for the outside world: a tool provider
+The effect ledger (:class:`~threadloom.cli.demo.graph.Ledger`) stands in for the outside world: a tool provider
 that executes each effect key once. It is what the verification counts executions with.
 
 With ``--metrics-port N`` every store call of the demo is metered
-(:class:`~threadloom.persistence.metered.MeteredCheckpointer` into a
-:class:`~threadloom.persistence.meter_prometheus.PrometheusMeter`) and served in the Prometheus text format on the
+(:class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer` into a
+:class:`~threadloom.persistence.metrics.prometheus.PrometheusMeter`) and served in the Prometheus text format on the
 loopback only (:class:`DemoMetrics`): worker ``k`` serves its own store's metrics on port ``N+k``; the coordinator
 serves on ``N`` its own store's metrics (the progress reads, the verification and its stale-token probes) together
 with every worker's, read from their ports at each scrape, each series labelled ``process`` (``coordinator``,
@@ -62,7 +62,7 @@ from rich.text import Text
 from threadloom.actors.graph import END_EVENTS, STEP_KEY
 from threadloom.actors.policies import ClaimPolicy, ServePolicy
 from threadloom.actors.runtime import GraphRuntime
-from threadloom.cli import (
+from threadloom.cli.main import (
     DURATION,
     EXIT_FAILED,
     STORE_ENV,
@@ -71,7 +71,7 @@ from threadloom.cli import (
     configure_logging,
     url_secrets,
 )
-from threadloom.demo_graph import AGENT_GRAPH, Ledger, build_graphs, demo_input
+from threadloom.cli.demo.graph import AGENT_GRAPH, Ledger, build_graphs, demo_input
 from threadloom.domain.errors import StaleClaim, ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import (
@@ -85,7 +85,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import open_store, redact_url
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.metered import MeteredCheckpointer
+from threadloom.persistence.metrics.metered import MeteredCheckpointer
 from threadloom.persistence.queue import RunQueue
 
 TENANT = "acme"
@@ -786,7 +786,7 @@ class DemoMetrics:
         except ImportError as error:
             extra = "pip install 'threadloom[metrics]'"
             raise CliError(f"--metrics-port needs the metrics extra ({extra}): {error}", 2) from error
-        from threadloom.persistence.meter_prometheus import PrometheusMeter, serve
+        from threadloom.persistence.metrics.prometheus import PrometheusMeter, serve
 
         last = self.worker_port(self.workers)
         if last > 65535:
@@ -1316,7 +1316,7 @@ def demo_worker(
         raise CliError(f"the store {state.safe_url!r} has no run queue")
     endpoint = None
     if metrics_port is not None:
-        from threadloom.persistence.meter_prometheus import PrometheusMeter
+        from threadloom.persistence.metrics.prometheus import PrometheusMeter
 
         try:
             import prometheus_client

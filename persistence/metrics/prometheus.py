@@ -1,10 +1,10 @@
-"""``PrometheusMeter``: a :class:`~threadloom.persistence.meter.Meter` over ``prometheus_client`` (DESIGN §3, §6).
+"""``PrometheusMeter``: a :class:`~threadloom.persistence.metrics.meter.Meter` over ``prometheus_client`` (DESIGN §3, §6).
 
 Needs the ``metrics`` extra (``pip install 'threadloom[metrics]'``); ``prometheus_client`` is imported when a
 meter is built, never when this module is imported. Each metric becomes a ``prometheus_client`` ``Counter`` or
 ``Histogram`` of the same name in the meter's registry (a counter ``x_total`` is exposed as ``x_total``, plus the
 ``x_created`` sample ``prometheus_client`` adds), with the label names, help text and buckets of its
-:class:`~threadloom.persistence.meter.MetricSpec`. Serve the registry with :meth:`PrometheusMeter.serve` (what
+:class:`~threadloom.persistence.metrics.meter.MetricSpec`. Serve the registry with :meth:`PrometheusMeter.serve` (what
 ``threadloom demo --metrics-port`` is meant to use), ``prometheus_client.start_http_server``, or any exposition
 of your own.
 """
@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
-from threadloom.persistence.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
 
 
 def _import_prometheus() -> Any:

@@ -1,7 +1,7 @@
 """``threadloom stats``: read-only probes of a store through a ``MeteredCheckpointer``, and their metrics.
 
-The command wraps the store named by ``--store`` in a :class:`~threadloom.persistence.metered.MeteredCheckpointer`
-with an :class:`~threadloom.persistence.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
+The command wraps the store named by ``--store`` in a :class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer`
+with an :class:`~threadloom.persistence.metrics.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
 incomplete threads, and for a few threads their latest checkpoint, history, events, children and run lookup),
 and prints what the meter recorded: calls, errors and latency per store method. Nothing is written, claimed or
 swept. It is a quick health and latency check of a store URL from a terminal (DESIGN §3 ``MeteredCheckpointer``,
@@ -17,13 +17,13 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli import CliError, CliState, printable, scrub
+from threadloom.cli.main import CliError, CliState, printable, scrub
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ThreadloomError
 from threadloom.domain.values import ThreadQuery
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.meter import HistogramSnapshot, InMemoryMeter, MeterSnapshot
-from threadloom.persistence.metered import CALLS, ERRORS, LATENCY, OPERATIONS, MeteredCheckpointer
+from threadloom.persistence.metrics.meter import HistogramSnapshot, InMemoryMeter, MeterSnapshot
+from threadloom.persistence.metrics.metered import CALLS, ERRORS, LATENCY, OPERATIONS, MeteredCheckpointer
 
 PAGE = 50
 """Threads per registry read, checkpoints per history read, children per children read."""
@@ -67,7 +67,7 @@ def _ms(seconds: float) -> float | None:
 def operations(snapshot: MeterSnapshot) -> list[dict[str, Any]]:
     """Per store method that was called: calls, errors, mean latency and bucket bounds of p50/p99 (ms).
 
-    Ordered as :data:`~threadloom.persistence.metered.OPERATIONS`. A quantile is the upper bound of the
+    Ordered as :data:`~threadloom.persistence.metrics.metered.OPERATIONS`. A quantile is the upper bound of the
     latency bucket that holds it (None when only the ``+Inf`` bucket does).
     """
     rows = []

@@ -21,7 +21,7 @@ from threadloom.persistence import codec
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:
-    from threadloom.persistence.memory import InMemoryCheckpointer
+    from threadloom.persistence.memory.store import InMemoryCheckpointer
 
 
 @attrs.define

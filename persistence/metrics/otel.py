@@ -1,4 +1,4 @@
-"""``OpenTelemetryMeter``: a :class:`~threadloom.persistence.meter.Meter` over the OpenTelemetry metrics API.
+"""``OpenTelemetryMeter``: a :class:`~threadloom.persistence.metrics.meter.Meter` over the OpenTelemetry metrics API.
 
 Needs the ``metrics`` extra (``opentelemetry-api``) and, to export anything, an OpenTelemetry SDK configured by
 the application (``opentelemetry-sdk`` and an exporter or reader); the library never configures one. The API is
@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
-from threadloom.persistence.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
 
 
 def _import_metrics_api() -> Any:

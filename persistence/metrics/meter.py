@@ -13,10 +13,10 @@ and ``meter.observe(name, value, labels)`` are one-off shorthands. Labels are a 
 pairs, e.g. ``(("op", "commit"),)``; their order does not matter. Instrumented code may first call
 ``describe(spec)`` once per metric, so a meter that registers instruments up front (Prometheus, OpenTelemetry)
 does so with the right help text, label names, unit and buckets. The metrics the store decorator records are
-listed in :mod:`threadloom.persistence.metered`.
+listed in :mod:`threadloom.persistence.metrics.metered`.
 
-Adapters for ``prometheus_client`` (:mod:`threadloom.persistence.meter_prometheus`) and OpenTelemetry
-(:mod:`threadloom.persistence.meter_otel`) need the ``metrics`` extra; this module needs nothing beyond the
+Adapters for ``prometheus_client`` (:mod:`threadloom.persistence.metrics.prometheus`) and OpenTelemetry
+(:mod:`threadloom.persistence.metrics.otel`) need the ``metrics`` extra; this module needs nothing beyond the
 standard library and attrs.
 """
 
@@ -125,7 +125,7 @@ class Meter(abc.ABC):
     A meter hands out *bound* series (:meth:`counter`, :meth:`histogram`): instrumented code looks each series
     up once and then only calls ``add``/``observe`` on it, so recording costs little inside every store call.
     Implementations must be safe to call from any number of threads at once and should not raise: a
-    :class:`~threadloom.persistence.metered.MeteredCheckpointer` never lets a meter's failure change a store
+    :class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer` never lets a meter's failure change a store
     call's outcome, but it logs it.
     """
 

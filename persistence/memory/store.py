@@ -44,7 +44,7 @@ from threadloom.domain.values import (
 from threadloom.persistence import codec
 from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
-from threadloom.persistence.memory_queue import InMemoryRunQueue
+from threadloom.persistence.memory.queue import InMemoryRunQueue
 
 
 @attrs.define

@@ -43,7 +43,7 @@ from threadloom.persistence import codec
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:
-    from threadloom.persistence.sqlite import SqliteCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 QUEUE_MIGRATION: tuple[str, ...] = (
     (

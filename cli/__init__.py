@@ -1,0 +1,1 @@
+"""The ``threadloom`` command: command groups, output helpers and the demo."""

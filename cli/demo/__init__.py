@@ -1,0 +1,1 @@
+"""``threadloom demo``: the crash-and-takeover demonstration and its sample agent graph."""
