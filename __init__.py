@@ -1,34 +1,148 @@
-"""threadloom: durable, fenced agent threads in memory, SQLite or PostgreSQL (DESIGN.md).
+"""threadloom: durable, fenced agent threads in memory, SQLite or PostgreSQL.
 
-Everything public is importable from here. Importing has no side effects (logging is never configured).
+Everything a user needs is importable from here (``from threadloom import GraphRuntime, open_store``); the
+names are listed in ``__all__`` and loaded on first use, so ``import threadloom`` is cheap and has no side
+effects (logging is never configured). Modules whose names start with ``_`` and names not listed here are
+internal. The README's "Module map" says what each package holds.
 """
 
-from threadloom.domain import *  # noqa: F403
-from threadloom.domain import __all__ as _domain_all
-from threadloom.actors import *  # noqa: F403
-from threadloom.actors import __all__ as _actors_all
-from threadloom.persistence.queue import RunQueue
-from threadloom.persistence import Checkpointer, InMemoryCheckpointer, SystemClock, open_store
-from threadloom.persistence.metrics.meter import InMemoryMeter, Meter
-from threadloom.persistence.metrics.metered import MeteredCheckpointer
-from threadloom.persistence.sqlite.store import SqliteCheckpointer
+from __future__ import annotations
 
-# Imports without psycopg: the postgres extra is needed only to open one (which says so otherwise).
-from threadloom.persistence.postgres.store import PostgresCheckpointer, PostgresCheckpointerConfig
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# Public name -> the module that defines it. Loaded lazily (PEP 562) so that the command line starts fast.
+_EXPORTS: dict[str, str] = {
+    # values, errors and clocks (domain)
+    **dict.fromkeys(
+        (
+            "BusyHolder", "Checkpoint", "CheckpointOrigin", "CheckpointStatus", "ClaimRequest", "Commit",
+            "EffectRecord", "EventDraft", "EventRecord", "PendingWrite", "RetentionPolicy", "RunClaim",
+            "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy", "ThreadCursor", "ThreadPage",
+            "ThreadQuery", "ThreadStatus", "ThreadSummary",
+        ),
+        "threadloom.domain.values",
+    ),
+    **dict.fromkeys(
+        (
+            "CancelledError", "CheckpointConflict", "CheckpointNotFound", "InvalidCommit", "InvalidRunState",
+            "OutcomeUnknown", "ProcessingError", "ReplayUnavailable", "RunFailed", "StaleClaim", "StaleLease",
+            "StoreClosed", "StoreCorrupt", "StoreUnavailable", "TenantMismatch", "ThreadBusy", "ThreadDeleted",
+            "ThreadloomError", "ValidationError",
+        ),
+        "threadloom.domain.errors",
+    ),
+    "Clock": "threadloom.domain.clock",
+    "ManualClock": "threadloom.domain.clock",
+    "EntryStatus": "threadloom.domain.queue",
+    "Lease": "threadloom.domain.queue",
+    "QueueEntry": "threadloom.domain.queue",
+    # stores (persistence)
+    "Checkpointer": "threadloom.persistence.base",
+    "SystemClock": "threadloom.persistence.clock",
+    "open_store": "threadloom.persistence",
+    "RunQueue": "threadloom.persistence.queue",
+    "InMemoryCheckpointer": "threadloom.persistence.memory",
+    "SqliteCheckpointer": "threadloom.persistence.sqlite",
+    "PostgresCheckpointer": "threadloom.persistence.postgres",
+    "PostgresCheckpointerConfig": "threadloom.persistence.postgres",
+    "Meter": "threadloom.persistence.metrics",
+    "InMemoryMeter": "threadloom.persistence.metrics",
+    "MeteredCheckpointer": "threadloom.persistence.metrics",
+    # the runtime (actors)
+    "Graph": "threadloom.actors.graph",
+    "NodeContext": "threadloom.actors.graph",
+    "RunOutcome": "threadloom.actors.graph",
+    "Step": "threadloom.actors.graph",
+    "merge_input": "threadloom.actors.graph",
+    "ClaimPolicy": "threadloom.actors.policies",
+    "ServePolicy": "threadloom.actors.policies",
+    "SweepSchedule": "threadloom.actors.policies",
+    "WatchPolicy": "threadloom.actors.policies",
+    "GraphRuntime": "threadloom.actors.runtime",
+    "IdFactory": "threadloom.actors.scheduler",
+    "RandomIds": "threadloom.actors.scheduler",
+    "SequentialIds": "threadloom.actors.scheduler",
+    "Subscription": "threadloom.actors.subscription",
+    "RunHandle": "threadloom.actors.thread_actor",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-__all__ = [
-    *_domain_all,
-    *_actors_all,
-    "RunQueue",
-    "Checkpointer",
-    "InMemoryCheckpointer",
-    "InMemoryMeter",
-    "Meter",
-    "MeteredCheckpointer",
-    "PostgresCheckpointer",
-    "PostgresCheckpointerConfig",
-    "SqliteCheckpointer",
-    "SystemClock",
-    "open_store",
-]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'threadloom' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # the names as a type checker sees them
+    from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
+    from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+    from threadloom.actors.runtime import GraphRuntime
+    from threadloom.actors.scheduler import IdFactory, RandomIds, SequentialIds
+    from threadloom.actors.subscription import Subscription
+    from threadloom.actors.thread_actor import RunHandle
+    from threadloom.domain.clock import Clock, ManualClock
+    from threadloom.domain.errors import (
+        CancelledError,
+        CheckpointConflict,
+        CheckpointNotFound,
+        InvalidCommit,
+        InvalidRunState,
+        OutcomeUnknown,
+        ProcessingError,
+        ReplayUnavailable,
+        RunFailed,
+        StaleClaim,
+        StaleLease,
+        StoreClosed,
+        StoreCorrupt,
+        StoreUnavailable,
+        TenantMismatch,
+        ThreadBusy,
+        ThreadDeleted,
+        ThreadloomError,
+        ValidationError,
+    )
+    from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+    from threadloom.domain.values import (
+        BusyHolder,
+        Checkpoint,
+        CheckpointOrigin,
+        CheckpointStatus,
+        ClaimRequest,
+        Commit,
+        EffectRecord,
+        EventDraft,
+        EventRecord,
+        PendingWrite,
+        RetentionPolicy,
+        RunClaim,
+        StoredCheckpoint,
+        SweepGuard,
+        SweepPage,
+        SweepPolicy,
+        ThreadCursor,
+        ThreadPage,
+        ThreadQuery,
+        ThreadStatus,
+        ThreadSummary,
+    )
+    from threadloom.persistence import open_store
+    from threadloom.persistence.base import Checkpointer
+    from threadloom.persistence.clock import SystemClock
+    from threadloom.persistence.memory import InMemoryCheckpointer
+    from threadloom.persistence.metrics import InMemoryMeter, Meter, MeteredCheckpointer
+    from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
+    from threadloom.persistence.queue import RunQueue
+    from threadloom.persistence.sqlite import SqliteCheckpointer
