@@ -403,7 +403,7 @@ def test_close_closes_the_inner_store_and_later_calls_are_refused_and_counted(cl
     with pytest.raises(ProcessingError) as caught:
         wrapped.latest("t")
     assert "closed" in str(caught.value)
-    assert snap(wrapped).counter(ERRORS, op="latest", error="ProcessingError") == 1
+    assert snap(wrapped).counter(ERRORS, op="latest", error="StoreClosed") == 1
 
 
 def test_closing_the_inner_store_shows_through_the_wrapper():

@@ -22,7 +22,7 @@ import threadloom
 from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import open_store
 from threadloom.domain.clock import ManualClock
-from threadloom.domain.errors import OutcomeUnknown, ProcessingError, ValidationError
+from threadloom.domain.errors import OutcomeUnknown, ProcessingError, StoreCorrupt, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
@@ -309,7 +309,7 @@ def test_a_damaged_row_is_a_processing_error_naming_the_thread(
     with pytest.raises(ProcessingError) as info:
         call(store)
     assert "'victim'" in info.value.message
-    assert type(info.value) is ProcessingError
+    assert type(info.value) is StoreCorrupt  # a damaged row: not retryable
 
 
 # -- driver errors, mapped in one place ------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from threadloom.domain.errors import (
     OutcomeUnknown,
     ProcessingError,
     StaleClaim,
+    StoreCorrupt,
     ThreadBusy,
     ValidationError,
 )
@@ -772,7 +773,7 @@ class SqliteCheckpointer(Checkpointer):
             return 0
         version = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise ProcessingError(
+            raise StoreCorrupt(
                 "open",
                 f"the SQLite file {self._path!r} has schema version {version}, newer than this threadloom's "
                 f"{SCHEMA_VERSION}; upgrade threadloom to open it",
@@ -1251,7 +1252,7 @@ class SqliteCheckpointer(Checkpointer):
         try:
             latest_status = CheckpointStatus(status)
         except ValueError as error:
-            raise ProcessingError(
+            raise StoreCorrupt(
                 "decode", f"the stored status {status!r} of thread {thread_id!r} does not decode; the row is damaged"
             ) from error
         return ThreadSummary(
