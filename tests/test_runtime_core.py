@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from structlog.testing import capture_logs
 
+from threadloom.actors.scheduler import ThreadScheduler
 from threadloom import (
     BusyHolder,
     CancelledError,
@@ -26,7 +27,6 @@ from threadloom import (
     TenantMismatch,
     ThreadBusy,
     ThreadQuery,
-    ThreadScheduler,
     ThreadStatus,
     ValidationError,
     WatchPolicy,
