@@ -33,6 +33,7 @@ from threadloom.domain.errors import (
     CheckpointNotFound,
     InvalidCommit,
     ProcessingError,
+    StoreClosed,
     ReplayUnavailable,
     StaleClaim,
     ThreadBusy,
@@ -1889,7 +1890,7 @@ class CheckpointerContract:
         store.close()
         store.close()  # twice: nothing
         assert store.closed
-        with pytest.raises(ProcessingError) as info:
+        with pytest.raises(StoreClosed) as info:  # a ProcessingError, not retryable on this store
             valid_call(method, harness, writer)(store)
         assert "closed" in str(info.value).lower()
         assert info.value.operation == method
@@ -1898,7 +1899,7 @@ class CheckpointerContract:
         with harness.open() as store:
             store.claim("t", ClaimRequest(holder="r", ttl=harness.tick))
         assert store.closed
-        expect(ProcessingError, lambda: store.latest("t"))
+        expect(StoreClosed, lambda: store.latest("t"))
         store.close()
 
 
