@@ -13,6 +13,26 @@ from typing import Protocol, runtime_checkable
 from threadloom.domain.validation import check_aware
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+"""Where stored times count from: stores keep times as integer microseconds since this instant (UTC)."""
+
+
+def to_micros(when: datetime) -> int:
+    """An aware datetime as integer microseconds since :data:`EPOCH`."""
+    delta = when - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    """Integer microseconds since :data:`EPOCH` as an aware UTC datetime."""
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def duration_micros(duration: timedelta) -> int:
+    """A duration as a whole number of microseconds."""
+    return (duration.days * 86_400 + duration.seconds) * 1_000_000 + duration.microseconds
+
+
 @runtime_checkable
 class Clock(Protocol):
     """A source of the current time: ``now()`` returns a timezone-aware UTC ``datetime``."""

@@ -5,12 +5,18 @@ Nothing here reads a clock or storage: the caller passes ``now`` (the store's cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import attrs
 
-from threadloom.domain.errors import ReplayUnavailable, ThreadDeleted
+from threadloom.domain.errors import (
+    CheckpointConflict,
+    InvalidCommit,
+    ReplayUnavailable,
+    StaleClaim,
+    ThreadDeleted,
+)
 from threadloom.domain.values import BusyHolder, CheckpointStatus, RetentionPolicy, ThreadStatus
 
 DELETING_KEY = "threadloom.deleting"
@@ -21,6 +27,76 @@ MAX_PAGE = 1000
 
 MAX_EVENTS_PAGE = 10_000
 """Largest ``limit`` of ``events_after`` and ``await_events_after``."""
+
+
+def check_token(thread_id: str, token: int, current: int | None) -> None:
+    """A write under ``token`` needs it to be the thread's current claim (rule 1; commits, renewals, deletes).
+
+    Raises:
+        StaleClaim: naming ``current`` (None: no claim holds the thread).
+    """
+    if current != token:
+        raise StaleClaim(thread_id, token, current)
+
+
+def check_commit(
+    thread_id: str,
+    *,
+    token: int,
+    current: int | None,
+    fence: tuple[str, int] | None,
+    fence_current: Callable[[str], int | None],
+    checkpoint: tuple[str, str | None] | None,
+    base: Callable[[], str | None],
+    contains: Callable[[str], bool],
+    latest_id: Callable[[], str | None],
+    pending_targets: Sequence[tuple[str, str]],
+    retract_turn: bool,
+) -> None:
+    """Commit rule 3: the checks of a commit, in order, the first failure winning (every store calls this).
+
+    The store passes what it read inside its write transaction; the callables are asked only when their check
+    is reached, so a refused commit reads no more than it must.
+
+    Args:
+        token, current: the commit's token and the thread's current claim token (None: no claim).
+        fence, fence_current: the commit's fence ``(other_thread, other_token)`` and a reader of another
+            thread's current claim token.
+        checkpoint: ``(id, parent)`` of the commit's checkpoint, or None.
+        base: the id the checkpoint's parent must name: the latest, or with ``retract_turn`` the newest settled
+            checkpoint (None for an empty history).
+        contains: whether the thread's history holds a checkpoint id.
+        latest_id: the thread's latest checkpoint id (what pending writes name when the commit has no
+            checkpoint).
+        pending_targets: ``(task_id, checkpoint_id)`` of each pending write, in order.
+        retract_turn: the commit's flag.
+
+    Raises:
+        StaleClaim: own token, then the fence's token (naming the fence's thread).
+        CheckpointConflict: the checkpoint's parent is not ``base()``.
+        InvalidCommit: the checkpoint id is already in the history; a pending write names another checkpoint
+            than the resulting latest; ``retract_turn`` without a checkpoint.
+    """
+    check_token(thread_id, token, current)
+    if fence is not None:
+        check_token(fence[0], fence[1], fence_current(fence[0]))
+    if checkpoint is not None:
+        checkpoint_id, parent = checkpoint
+        expected = base()
+        if parent != expected:
+            raise CheckpointConflict(thread_id, parent, expected)
+        if contains(checkpoint_id):
+            raise InvalidCommit(thread_id, f"checkpoint {checkpoint_id!r} is already in the history")
+    if pending_targets:
+        resulting = checkpoint[0] if checkpoint is not None else latest_id()
+        for task_id, target in pending_targets:
+            if target != resulting:
+                raise InvalidCommit(
+                    thread_id,
+                    f"pending write of task {task_id!r} names checkpoint {target!r}, not the latest {resulting!r}",
+                )
+    if retract_turn and checkpoint is None:
+        raise InvalidCommit(thread_id, "retract_turn needs a checkpoint to follow the settled one")
 
 
 def claim_is_live(expires_at: datetime, now: datetime) -> bool:

@@ -6,6 +6,8 @@ never touches storage: stores call these before they read or write anything.
 
 from __future__ import annotations
 
+import json
+import marshal
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -23,8 +25,9 @@ MAX_INT = 2**63 - 1
 MAX_DURATION = timedelta(days=36_500)
 """Longest duration a store takes (ttl, ages, timeouts, delays): 100 years, so no clock arithmetic overflows."""
 
-MAX_JSON_INT_BITS = 4096
-"""Largest integer inside a JSON value, in bits (about 1,233 digits): larger ones do not encode portably."""
+MAX_JSON_INT_DIGITS = 4300
+"""Most decimal digits of an integer inside a JSON value: Python's own limit for converting an int to text (the
+default of ``sys.set_int_max_str_digits``), so no Python reader of the store refuses what was written."""
 
 MAX_JSON_DEPTH = 256
 """Deepest nesting of a JSON value; deeper values are refused rather than overflowing the encoder."""
@@ -148,7 +151,7 @@ def check_json(field: str, value: Any) -> Any:
 
     Raises:
         ValidationError: naming ``field`` and the path of the first bad part (NaN, infinity, bytes, sets,
-            objects, non-string keys, strings with surrogate code points, integers over 4096 bits, nesting
+            objects, non-string keys, strings with surrogate code points, integers over 4300 digits, nesting
             deeper than 256). NUL inside JSON strings is allowed: it is escaped in the stored text.
     """
     stack: list[tuple[Any, str, int]] = [(value, field, 0)]
@@ -165,8 +168,8 @@ def check_json(field: str, value: Any) -> Any:
         if isinstance(item, int):
             if type(item) is not int and not isinstance(item, bool):
                 raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON number",))
-            if item.bit_length() > MAX_JSON_INT_BITS:
-                raise ValidationError(field, (f"{path}: integer of more than {MAX_JSON_INT_BITS} bits",))
+            if item.bit_length() > 14_000 and abs(item) >= _INT_LIMIT:
+                raise ValidationError(field, (f"{path}: integer of more than {MAX_JSON_INT_DIGITS} digits",))
             continue
         if isinstance(item, float):
             if type(item) is not float:
@@ -188,6 +191,51 @@ def check_json(field: str, value: Any) -> Any:
             continue
         raise ValidationError(field, (f"{path}: {type(item).__name__} is not a JSON value",))
     return value
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_refuse)
+_DECODER = json.JSONDecoder()
+_INT_LIMIT = 10**MAX_JSON_INT_DIGITS
+
+
+def encode_json(field: str, value: Any) -> tuple[str, Any]:
+    """Validates a JSON value and encodes it, in one strict pass (the rules of :func:`check_json`).
+
+    The C encoder refuses what it can (NaN and infinities, objects it does not know, nesting past the
+    interpreter's limit, integers of more than :data:`MAX_JSON_INT_DIGITS` digits); encoding to UTF-8 refuses
+    lone surrogates; an exact-type check refuses subclasses of ``int``/``float``/``str``/``dict``/``list`` it
+    would silently flatten; the text decoded back and compared with the value refuses non-``str`` keys. Only when one
+    of those fails, or the text could nest deeper than :data:`MAX_JSON_DEPTH`, is the value walked in Python
+    (:func:`check_json`) to name the first bad part exactly.
+
+    Returns:
+        ``(text, copy)``: compact JSON text (no NaN, UTF-8 safe) and a fresh decoded copy of the value (lists for
+        tuples), which shares nothing with ``value``.
+
+    Raises:
+        ValidationError: naming ``field`` and the path of the first bad part.
+    """
+    try:
+        text = _ENCODER.encode(value)
+        text.encode("utf-8")
+        marshal.dumps(value)  # exact built-in types only: no IntEnum, no float or container subclasses
+        copy = _DECODER.decode(text)
+        exact = copy == value
+    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        exact = False
+        text, copy = "", None
+    if not exact or (len(text) > 2 * MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH):
+        check_json(field, value)  # names the bad part; passes for tuples, dict/str subclasses and deep-looking text
+        try:
+            text = _ENCODER.encode(value)
+            copy = _DECODER.decode(text)
+        except (TypeError, ValueError, RecursionError) as error:  # pragma: no cover - check_json refused it first
+            raise ValidationError(field, (f"is not a JSON value ({error})",)) from None
+    return text, copy
 
 
 def check_run_ids(field: str, value: Any) -> frozenset[str]:

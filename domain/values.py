@@ -10,7 +10,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
+
+_T = TypeVar("_T")
 
 import attrs
 
@@ -26,8 +28,75 @@ def _opt_id(field: str):
     return lambda _inst, _attr, value: v.check_optional_id(field, value)
 
 
-def _json(field: str):
-    return lambda _inst, _attr, value: v.check_json(field, value)
+def trusted(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the attrs class ``cls`` from fields a store decoded from its own text, not validated.
+
+    For stores only (reads decode the store's own text without validating it again): every field must be
+    given, and valid. A sealed value built this way carries no encoded text (see :class:`_Sealed`).
+    """
+    value = object.__new__(cls)
+    for name, item in fields.items():
+        object.__setattr__(value, name, item)
+    if isinstance(value, _Sealed):
+        object.__setattr__(value, "_json", None)
+        object.__setattr__(value, "_seal", ())
+    return value
+
+
+class _Sealed:
+    """A value whose JSON part is validated and encoded once, when it is constructed (encode once).
+
+    The constructor encodes the JSON field strictly (:func:`~threadloom.domain.validation.encode_json`), keeps
+    a decoded copy of it as the field's value (so the value never shares a dict or list with its caller: changing
+    what you passed in changes nothing here) and keeps the text for the store, which writes it as is. A *seal*
+    records the identity of every field: a value whose fields were replaced behind the constructor's back
+    (``object.__setattr__``) no longer matches it and is validated and encoded again by :meth:`sealed_json`.
+    Values a store decodes from its own text are built with :func:`trusted` and carry no text.
+    """
+
+    __slots__ = ()
+    _JSON_FIELD: ClassVar[str]
+    _JSON_NAME: ClassVar[str]
+    _GETTER: ClassVar[Any]
+
+    def __attrs_post_init__(self) -> None:
+        text, copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
+        object.__setattr__(self, self._JSON_FIELD, copy)
+        object.__setattr__(self, "_json", text)
+        object.__setattr__(self, "_seal", tuple(map(id, self._GETTER(self))))
+
+    def sealed_json(self) -> str:
+        """The JSON text of the value's JSON field, validated: the constructor's, or made again if a field
+        was replaced since (or the value was decoded by a store).
+
+        Raises:
+            ValidationError: a replaced field is not valid.
+        """
+        text = self._json
+        if text is None or self._seal != tuple(map(id, self._GETTER(self))):
+            attrs.validate(self)
+            origin = getattr(self, "origin", None)
+            if origin is not None:
+                attrs.validate(origin)
+            text, _copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
+        return text
+
+
+
+def _seal(cls: type) -> type:
+    """Finishes a :class:`_Sealed` attrs class: the getter of its public fields, in order."""
+    import operator
+
+    names = [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]
+    cls._GETTER = operator.attrgetter(*names)  # type: ignore[attr-defined]
+    return cls
+
+
+def _sealed_fields() -> tuple[Any, Any]:
+    return (
+        attrs.field(init=False, default=None, eq=False, repr=False, hash=False),
+        attrs.field(init=False, default=(), eq=False, repr=False, hash=False),
+    )
 
 
 def _aware(field: str):
@@ -123,8 +192,9 @@ def _opt_token(_inst: Any, _attr: Any, value: Any) -> None:
         v.check_int("fencing_token", value, low=1)
 
 
+@_seal
 @attrs.frozen(kw_only=True)
-class Checkpoint:
+class Checkpoint(_Sealed):
     """One step of a thread's history (DESIGN §2).
 
     ``created_at`` is the producer's clock, kept as its record and never used for retention; the store stamps
@@ -137,7 +207,7 @@ class Checkpoint:
     run_id: str = attrs.field(validator=_id("checkpoint.run_id"))
     status: CheckpointStatus = attrs.field(converter=_status)
     created_at: datetime = attrs.field(validator=_aware("checkpoint.created_at"))
-    state: Any = attrs.field(factory=dict, validator=_json("checkpoint.state"))
+    state: Any = attrs.field(factory=dict)
     graph_id: str = attrs.field(default="default", validator=_id("checkpoint.graph_id"))
     tenant_id: str | None = attrs.field(default=None, validator=_opt_id("checkpoint.tenant_id"))
     fencing_token: int | None = attrs.field(default=None, validator=_opt_token)
@@ -145,29 +215,46 @@ class Checkpoint:
         default=None, validator=_optional(CheckpointOrigin, "checkpoint.origin")
     )
     metadata: dict[str, str] = attrs.field(factory=dict, converter=_str_map)
+    _json: str | None
+    _seal: tuple[int, ...]
+    _json, _seal = _sealed_fields()
+    _JSON_FIELD: ClassVar[str] = "state"
+    _JSON_NAME: ClassVar[str] = "checkpoint.state"
 
 
+@_seal
 @attrs.frozen(kw_only=True)
-class PendingWrite:
+class PendingWrite(_Sealed):
     """A finished task's result, recorded against the checkpoint whose step it ran in."""
 
     checkpoint_id: str = attrs.field(validator=_id("pending_write.checkpoint_id"))
     task_id: str = attrs.field(validator=_id("pending_write.task_id"))
     node_id: str = attrs.field(validator=_id("pending_write.node_id"))
-    payload: Any = attrs.field(default=None, validator=_json("pending_write.payload"))
+    payload: Any = attrs.field(default=None)
+    _json: str | None
+    _seal: tuple[int, ...]
+    _json, _seal = _sealed_fields()
+    _JSON_FIELD: ClassVar[str] = "payload"
+    _JSON_NAME: ClassVar[str] = "pending_write.payload"
 
 
+@_seal
 @attrs.frozen(kw_only=True)
-class EventDraft:
+class EventDraft(_Sealed):
     """An event as a producer commits it; the store numbers it (DESIGN §3 rule 4)."""
 
     run_id: str = attrs.field(validator=_id("event.run_id"))
     type: str = attrs.field(validator=_id("event.type"))
     timestamp: datetime = attrs.field(validator=_aware("event.timestamp"))
-    payload: Any = attrs.field(default=None, validator=_json("event.payload"))
+    payload: Any = attrs.field(default=None)
     checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("event.checkpoint_id"))
     task_id: str | None = attrs.field(default=None, validator=_opt_id("event.task_id"))
     node_id: str | None = attrs.field(default=None, validator=_opt_id("event.node_id"))
+    _json: str | None
+    _seal: tuple[int, ...]
+    _json, _seal = _sealed_fields()
+    _JSON_FIELD: ClassVar[str] = "payload"
+    _JSON_NAME: ClassVar[str] = "event.payload"
 
 
 @attrs.frozen(kw_only=True)
@@ -202,16 +289,22 @@ class EventRecord:
         )
 
 
+@_seal
 @attrs.frozen(kw_only=True)
-class EffectRecord:
+class EffectRecord(_Sealed):
     """The recorded result of a side effect under an idempotency ``key`` (first-wins, DESIGN §3 rule 3)."""
 
     key: str = attrs.field(validator=_id("effect.key"))
     run_id: str = attrs.field(validator=_id("effect.run_id"))
     recorded_at: datetime = attrs.field(validator=_aware("effect.recorded_at"))
-    result: Any = attrs.field(default=None, validator=_json("effect.result"))
+    result: Any = attrs.field(default=None)
     checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("effect.checkpoint_id"))
     task_id: str | None = attrs.field(default=None, validator=_opt_id("effect.task_id"))
+    _json: str | None
+    _seal: tuple[int, ...]
+    _json, _seal = _sealed_fields()
+    _JSON_FIELD: ClassVar[str] = "result"
+    _JSON_NAME: ClassVar[str] = "effect.result"
 
 
 def _token(_inst: Any, _attr: Any, value: Any) -> None:
@@ -254,6 +347,19 @@ class Commit:
     )
     fence: tuple[str, int] | None = attrs.field(default=None, converter=_fence)
     metadata: dict[str, str] | None = attrs.field(default=None, converter=_opt_str_map)
+    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_seal", tuple(map(id, _COMMIT_GETTER(self))))
+
+
+def _public_getter(cls: type) -> Any:
+    import operator
+
+    return operator.attrgetter(*(a.name for a in attrs.fields(cls) if not a.name.startswith("_")))
+
+
+_COMMIT_GETTER = _public_getter(Commit)
 
 
 @attrs.frozen(kw_only=True)

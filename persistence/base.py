@@ -19,6 +19,7 @@ import attrs
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
+from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -49,41 +50,14 @@ def _check_cancel(cancel: Any) -> threading.Event | None:
     return cancel
 
 
-def check_commit(thread_id: str, commit: Any) -> Commit:
-    """Validates a commit for ``thread_id`` beyond what its constructor checked.
+def check_commit(thread_id: str, commit: Any) -> EncodedCommit:
+    """Validates ``commit`` for ``thread_id`` and encodes it, once (:func:`~threadloom.persistence.encoded.encode_commit`).
 
     Raises:
         ValidationError: not a ``Commit``; its checkpoint names another thread or carries another token; its
-            fence names the thread itself.
+            fence names the thread itself; two effects share a key; a part changed behind its constructor.
     """
-    _instance("commit", commit, Commit)
-    # Validate again, nested values included: the caller may have changed a dict it still holds (a state, a
-    # payload) since it built the commit, and nothing unvalidated may reach storage.
-    attrs.validate(commit)
-    for part in (commit.checkpoint, *commit.pending_writes, *commit.events, *commit.effects):
-        if part is not None:
-            attrs.validate(part)
-            if part is commit.checkpoint and part.origin is not None:
-                attrs.validate(part.origin)
-    cp = commit.checkpoint
-    if cp is not None:
-        if cp.thread_id != thread_id:
-            raise ValidationError(
-                "commit.checkpoint.thread_id", (f"names thread {cp.thread_id!r}, but the commit is to {thread_id!r}",)
-            )
-        if cp.fencing_token is not None and cp.fencing_token != commit.token:
-            raise ValidationError(
-                "commit.checkpoint.fencing_token",
-                (f"is {cp.fencing_token}, but the commit's token is {commit.token} (leave it None)",),
-            )
-        if cp.parent == cp.id:
-            raise ValidationError("commit.checkpoint.parent", ("must not be the checkpoint itself",))
-    if commit.fence is not None and commit.fence[0] == thread_id:
-        raise ValidationError("commit.fence", ("must name another thread than the one committed to",))
-    keys = [effect.key for effect in commit.effects]
-    if len(keys) != len(set(keys)):
-        raise ValidationError("commit.effects", ("two effect records share a key",))
-    return commit
+    return encode_commit(thread_id, commit)
 
 
 OPERATIONS: tuple[str, ...] = (
@@ -208,9 +182,9 @@ class Checkpointer(abc.ABC):
             ValidationError, ProcessingError: as for :meth:`claim`.
         """
         v.check_id("thread_id", thread_id)
-        check_commit(thread_id, commit)
+        encoded = encode_commit(thread_id, commit)
         self._ensure_open("commit")
-        return self._commit(thread_id, commit)
+        return self._commit(thread_id, encoded)
 
     # -- reads -----------------------------------------------------------------------------------------------------
 
@@ -442,7 +416,9 @@ class Checkpointer(abc.ABC):
     def _release(self, thread_id: str, token: int) -> None: ...
 
     @abc.abstractmethod
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]: ...
+    def _commit(self, thread_id: str, commit: EncodedCommit) -> list[EventRecord]:
+        """Applies an encoded commit (checks by :func:`threadloom.domain.rules.check_commit`); writes its texts as
+        they are."""
 
     @abc.abstractmethod
     def _latest(self, thread_id: str) -> StoredCheckpoint | None: ...

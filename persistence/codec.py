@@ -2,20 +2,25 @@
 
 Every value is encoded as compact JSON text and decoded on read, so nothing returned aliases stored state and
 nothing executable is ever stored or loaded. Times are integer microseconds since the Unix epoch (UTC).
-A stored row that does not decode raises :class:`ProcessingError` naming the thread.
+A stored row that does not decode raises :class:`StoreCorrupt` naming the thread. Reads decode the store's own
+text without validating it again (:func:`~threadloom.domain.values.trusted`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
+
+import attrs
 from datetime import datetime, timedelta, timezone
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.domain.queue import EntryStatus, QueueEntry
+from threadloom.persistence import encoded
 from threadloom.domain.values import (
+    trusted,
     Checkpoint,
     CheckpointOrigin,
     CheckpointStatus,
@@ -24,18 +29,7 @@ from threadloom.domain.values import (
     PendingWrite,
 )
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def to_micros(when: datetime) -> int:
-    """An aware datetime as integer microseconds since the epoch."""
-    delta = when - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def from_micros(micros: int) -> datetime:
-    """Integer microseconds since the epoch as an aware UTC datetime."""
-    return EPOCH + timedelta(microseconds=micros)
+from threadloom.domain.clock import EPOCH, duration_micros, from_micros, to_micros  # one definition (re-exported)
 
 
 def dumps(value: Any) -> str:
@@ -48,52 +42,50 @@ def loads(text: str) -> Any:
     return json.loads(text)
 
 
-def stamp_token(cp: Checkpoint, token: int) -> Checkpoint:
-    """``cp`` with ``fencing_token`` = ``token`` (DESIGN §2: the store stamps the commit's token).
+_CHECKPOINT_KEYS = frozenset(
+    ("id", "parent", "thread_id", "run_id", "status", "created_at", "state", "graph_id", "tenant_id",
+     "fencing_token", "origin", "metadata")
+)
+_WRITE_KEYS = frozenset(("checkpoint_id", "task_id", "node_id", "payload"))
+_EVENT_KEYS = frozenset(
+    ("seq", "thread_id", "token", "run_id", "type", "timestamp", "payload", "checkpoint_id", "task_id", "node_id")
+)
+_EFFECT_KEYS = frozenset(("key", "run_id", "recorded_at", "result", "checkpoint_id", "task_id"))
 
-    A shallow copy that does not validate the state again: the commit was validated just before. Never the
-    caller's own value.
-    """
-    if cp.fencing_token == token:
-        return cp
-    stamped = copy.copy(cp)
-    object.__setattr__(stamped, "fencing_token", token)
-    return stamped
+
+def _fields(raw: Any, keys: frozenset[str]) -> dict[str, Any]:
+    """``raw`` as a stored row's fields: a JSON object with exactly ``keys`` (else a damaged row)."""
+    if not isinstance(raw, dict) or raw.keys() != keys:
+        raise ValueError(f"expected the fields {sorted(keys)}, got {sorted(raw) if isinstance(raw, dict) else raw!r}")
+    return raw
+
+
+def _checked(value: Any) -> Any:
+    """``value`` with its field validators run: ids, times and tokens. Its JSON part is not walked again: the
+    store wrote text only a validated value produced, and JSON text decodes only to JSON values."""
+    attrs.validate(value)
+    return value
 
 
 def encode_checkpoint(cp: Checkpoint) -> str:
-    """JSON text of a checkpoint (every field)."""
-    origin = cp.origin
-    return dumps(
-        {
-            "id": cp.id,
-            "parent": cp.parent,
-            "thread_id": cp.thread_id,
-            "run_id": cp.run_id,
-            "status": cp.status.value,
-            "created_at": to_micros(cp.created_at),
-            "state": cp.state,
-            "graph_id": cp.graph_id,
-            "tenant_id": cp.tenant_id,
-            "fencing_token": cp.fencing_token,
-            "origin": None
-            if origin is None
-            else {
-                "parent_thread": origin.parent_thread,
-                "parent_checkpoint": origin.parent_checkpoint,
-                "task_id": origin.task_id,
-            },
-            "metadata": cp.metadata,
-        }
-    )
+    """JSON text of a checkpoint (every field; its own ``fencing_token``). The write path uses
+    :mod:`threadloom.persistence.encoded`; this is for tools that store a checkpoint as it is."""
+    return encoded.encode_checkpoint(cp, cp.fencing_token).text
 
 
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
-    """The checkpoint of ``text``; an undecodable row is a ``ProcessingError`` naming ``thread_id``."""
+    """The checkpoint of ``text`` (the store's own, not validated again); an undecodable row is a
+    ``StoreCorrupt`` naming ``thread_id``."""
     with _decoding("checkpoint", thread_id):
-        raw = loads(text)
+        raw = _fields(loads(text), _CHECKPOINT_KEYS)
         origin = raw["origin"]
-        return Checkpoint(
+        if origin is not None:
+            origin = _checked(CheckpointOrigin(**origin))
+        fencing_token = raw["fencing_token"]
+        if fencing_token is not None:
+            v.check_int("fencing_token", fencing_token, low=1)
+        return _checked(trusted(
+            Checkpoint,
             id=raw["id"],
             parent=raw["parent"],
             thread_id=raw["thread_id"],
@@ -103,71 +95,91 @@ def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
             state=raw["state"],
             graph_id=raw["graph_id"],
             tenant_id=raw["tenant_id"],
-            fencing_token=raw["fencing_token"],
-            origin=None if origin is None else CheckpointOrigin(**origin),
-            metadata=raw["metadata"],
-        )
+            fencing_token=fencing_token,
+            origin=origin,
+            metadata=v.check_str_map("metadata", raw["metadata"]),
+        ))
+
+
+def decode_pending_write(text: str, thread_id: str) -> PendingWrite:
+    """The pending write of ``text``; undecodable → ``StoreCorrupt`` naming ``thread_id``."""
+    with _decoding("pending write", thread_id):
+        raw = _fields(loads(text), _WRITE_KEYS)
+        return _checked(trusted(
+            PendingWrite,
+            checkpoint_id=raw["checkpoint_id"], task_id=raw["task_id"], node_id=raw["node_id"],
+            payload=raw["payload"],
+        ))
 
 
 def encode_pending_write(pw: PendingWrite) -> str:
     """JSON text of a pending write."""
-    return dumps(
-        {"checkpoint_id": pw.checkpoint_id, "task_id": pw.task_id, "node_id": pw.node_id, "payload": pw.payload}
-    )
+    return encoded.encode_pending_write(pw).text
 
 
-def decode_pending_write(text: str, thread_id: str) -> PendingWrite:
-    """The pending write of ``text``; undecodable → ``ProcessingError`` naming ``thread_id``."""
-    with _decoding("pending write", thread_id):
-        return PendingWrite(**loads(text))
+def stamp_token(cp: Checkpoint, token: int) -> Checkpoint:
+    """``cp`` with ``fencing_token`` = ``token``, not validated again (transitional: for stores that do not
+    yet write :class:`~threadloom.persistence.encoded.EncodedCommit` texts)."""
+    if cp.fencing_token == token:
+        return cp
+    return trusted(Checkpoint, **{**attrs.asdict(cp, recurse=False), "fencing_token": token})
 
 
 def encode_event(record: EventRecord) -> str:
-    """JSON text of an event record (every field)."""
+    """JSON text of an event record (every field). The write path uses :mod:`threadloom.persistence.encoded`."""
     return dumps(
         {
-            "thread_id": record.thread_id,
             "seq": record.seq,
+            "thread_id": record.thread_id,
             "token": record.token,
             "run_id": record.run_id,
             "type": record.type,
             "timestamp": to_micros(record.timestamp),
-            "payload": record.payload,
             "checkpoint_id": record.checkpoint_id,
             "task_id": record.task_id,
             "node_id": record.node_id,
+            "payload": record.payload,
         }
     )
 
 
 def decode_event(text: str, thread_id: str) -> EventRecord:
-    """The event record of ``text``; undecodable → ``ProcessingError`` naming ``thread_id``."""
+    """The event record of ``text``; undecodable → ``StoreCorrupt`` naming ``thread_id``."""
     with _decoding("event", thread_id):
-        raw = loads(text)
-        raw["timestamp"] = from_micros(raw["timestamp"])
-        return EventRecord(**raw)
+        raw = _fields(loads(text), _EVENT_KEYS)
+        return _checked(trusted(
+            EventRecord,
+            thread_id=raw["thread_id"],
+            seq=raw["seq"],
+            token=raw["token"],
+            run_id=raw["run_id"],
+            type=raw["type"],
+            timestamp=from_micros(raw["timestamp"]),
+            payload=raw["payload"],
+            checkpoint_id=raw["checkpoint_id"],
+            task_id=raw["task_id"],
+            node_id=raw["node_id"],
+        ))
 
 
 def encode_effect(effect: EffectRecord) -> str:
     """JSON text of an effect record."""
-    return dumps(
-        {
-            "key": effect.key,
-            "run_id": effect.run_id,
-            "recorded_at": to_micros(effect.recorded_at),
-            "result": effect.result,
-            "checkpoint_id": effect.checkpoint_id,
-            "task_id": effect.task_id,
-        }
-    )
+    return encoded.encode_effect(effect).text
 
 
 def decode_effect(text: str, thread_id: str) -> EffectRecord:
-    """The effect record of ``text``; undecodable → ``ProcessingError`` naming ``thread_id``."""
+    """The effect record of ``text``; undecodable → ``StoreCorrupt`` naming ``thread_id``."""
     with _decoding("effect", thread_id):
-        raw = loads(text)
-        raw["recorded_at"] = from_micros(raw["recorded_at"])
-        return EffectRecord(**raw)
+        raw = _fields(loads(text), _EFFECT_KEYS)
+        return _checked(trusted(
+            EffectRecord,
+            key=raw["key"],
+            run_id=raw["run_id"],
+            recorded_at=from_micros(raw["recorded_at"]),
+            result=raw["result"],
+            checkpoint_id=raw["checkpoint_id"],
+            task_id=raw["task_id"],
+        ))
 
 
 def decode_queue_entry(

@@ -43,6 +43,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import Checkpointer, ask_guard
+from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.memory.queue import InMemoryRunQueue
 
@@ -210,73 +211,66 @@ class InMemoryCheckpointer(Checkpointer):
 
     # -- commits -----------------------------------------------------------------------------------------------------
 
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+    def _commit(self, thread_id: str, commit: EncodedCommit) -> list[EventRecord]:
         with self._lock:
             if "effect_unfenced" in self._planted and thread_id in self._rows:
                 for effect in commit.effects:  # planted bug: effects recorded before (outside) the fence
-                    self._rows[thread_id].effects.setdefault(effect.key, codec.encode_effect(effect))
+                    self._rows[thread_id].effects.setdefault(effect.key, effect.text)
             if "commit_unfenced" in self._planted:
                 row = self._row(thread_id)  # planted bug: no token check
+                current = commit.token
             else:
-                row = self._check_token(thread_id, commit.token)
-            self._check_fence(commit.fence)
+                row = self._rows.get(thread_id)
+                current = self._current(thread_id)
             cp = commit.checkpoint
-            keep = len(row.history)
-            if commit.retract_turn and cp is not None:
+            keep = len(row.history) if row is not None else 0
+            if commit.retract_turn and cp is not None and row is not None:
                 keep = 0
                 for index in range(len(row.history) - 1, -1, -1):
                     if row.history[index].checkpoint.status.settled:
                         keep = index + 1
                         break
-            base = row.history[keep - 1].row.id if keep else None
-            if cp is not None:
-                if cp.parent != base:
-                    raise CheckpointConflict(thread_id, cp.parent, base)
-                if cp.id in row.ids:
-                    raise InvalidCommit(thread_id, f"checkpoint {cp.id!r} is already in the history")
-            resulting = cp.id if cp is not None else self._latest_id(row)
-            for pw in commit.pending_writes:
-                if pw.checkpoint_id != resulting:
-                    raise InvalidCommit(
-                        thread_id,
-                        f"pending write of task {pw.task_id!r} names checkpoint {pw.checkpoint_id!r}, "
-                        f"not the latest {resulting!r}",
-                    )
-            if commit.retract_turn and cp is None:
-                raise InvalidCommit(thread_id, "retract_turn needs a checkpoint to follow the settled one")
-            # Every check passed. Encode everything first, so a value that fails to encode changes nothing.
+            rules.check_commit(
+                thread_id,
+                token=commit.token,
+                current=current,
+                fence=commit.fence,
+                fence_current=self._current,
+                checkpoint=None if cp is None else (cp.id, cp.parent),
+                base=lambda: row.history[keep - 1].row.id if keep else None,
+                contains=lambda checkpoint_id: checkpoint_id in row.ids,
+                latest_id=lambda: self._latest_id(row),
+                pending_targets=commit.pending_targets,
+                retract_turn=commit.retract_turn,
+            )
+            assert row is not None  # a current claim means the thread has a row
+            # Every check passed: apply (nothing below can fail).
             now = read_clock(self._clock)
-            stamped = codec.stamp_token(cp, commit.token) if cp is not None else None
-            cp_text = codec.encode_checkpoint(stamped) if stamped is not None else None
-            pending = [codec.encode_pending_write(pw) for pw in commit.pending_writes]
-            drafts = [
-                EventRecord.of(draft, thread_id=thread_id, seq=row.next_seq + index, token=commit.token)
-                for index, draft in enumerate(commit.events)
-            ]
-            event_texts = [codec.encode_event(record) for record in drafts]
-            records = [codec.decode_event(text, thread_id) for text in event_texts]
-            effects = [(effect.key, codec.encode_effect(effect)) for effect in commit.effects]
-            # Apply: nothing below can fail.
-            if cp is not None and stamped is not None and cp_text is not None:
+            pending = [write.text for write in commit.pending_writes]
+            if cp is not None:
                 for cut in row.history[keep:]:
                     row.ids.discard(cut.row.id)
                 del row.history[keep:]
                 row.ids.add(cp.id)
-                row.history.append(_Stored(cp_text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), stamped))
+                row.history.append(_Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp.value))
                 row.pending = pending
                 row.updated_at = now
-                if cp.origin is not None:
-                    places = self._places.setdefault(cp.origin.parent_thread, {})
+                if cp.origin_parent is not None:
+                    places = self._places.setdefault(cp.origin_parent, {})
                     if thread_id not in places:
                         self._place_counter += 1
                         places[thread_id] = self._place_counter
             else:
                 row.pending.extend(pending)
-            for record, text in zip(records, event_texts):
-                row.events.append(_Event(record.seq, now, text))
-            row.next_seq += len(records)
-            for key, text in effects:
-                row.effects.setdefault(key, text)
+            records = []
+            seq = row.next_seq
+            for event in commit.events:
+                row.events.append(_Event(seq, now, event.text(seq)))
+                records.append(event.record(seq))
+                seq += 1
+            row.next_seq = seq
+            for effect in commit.effects:
+                row.effects.setdefault(effect.key, effect.text)
             if commit.metadata:
                 row.metadata.update(commit.metadata)
                 row.updated_at = now

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
+from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
@@ -39,10 +40,6 @@ from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 if TYPE_CHECKING:  # pragma: no cover
     from threadloom.persistence.postgres.store import PostgresCheckpointer
 
-
-def _micros(delta: timedelta) -> int:
-    """``delta`` in whole microseconds (the public methods bound it to ``validation.MAX_DURATION``)."""
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
@@ -128,12 +125,12 @@ class PostgresRunQueue(RunQueue):
         delay: timedelta,
     ) -> QueueEntry:
         text = codec.dumps(input)
-        delay_us = _micros(delay)
+        delay_us = duration_micros(delay)
         row = self._write("enqueue", thread_id, "Q_ENQUEUE", (thread_id, graph_id, text, tenant_id, delay_us))
         return self._entry_of("enqueue", row)
 
     def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
-        ttl_us = _micros(ttl)
+        ttl_us = duration_micros(ttl)
         kinds = None if graph_ids is None else sorted(graph_ids)
         row = self._write("lease", None, "Q_LEASE", (holder, ttl_us, kinds))
         if row[0] == 1:
@@ -144,7 +141,7 @@ class PostgresRunQueue(RunQueue):
         return StaleLease(entry_id, attempt, row[1])
 
     def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
-        ttl_us = _micros(ttl)
+        ttl_us = duration_micros(ttl)
         row = self._write("renew_lease", None, "Q_RENEW", (entry_id, attempt, ttl_us))
         if row[0] == 1:
             raise self._stale(entry_id, attempt, row)
@@ -171,7 +168,7 @@ class PostgresRunQueue(RunQueue):
         return self._entry_of("finish", row)
 
     def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
-        delay_us = _micros(delay)
+        delay_us = duration_micros(delay)
         self._store._call(
             "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us), write=True
         )

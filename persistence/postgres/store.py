@@ -56,6 +56,7 @@ from threadloom.persistence.logs import get_logger as _safe_logger
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
+from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import (
     CancelledError,
     CheckpointConflict,
@@ -89,6 +90,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 
@@ -348,9 +350,6 @@ def _first_line(error: BaseException) -> str:
 def _utc(when: datetime) -> datetime:
     return when.astimezone(UTC)
 
-
-def _micros(delta: timedelta) -> int:
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 # -- the watchdog: client-side deadlines and cancellation --------------------------------------------------------
@@ -1079,7 +1078,7 @@ class PostgresCheckpointer(Checkpointer):
             "claim",
             thread_id,
             self._sql["CLAIM"],
-            (thread_id, request.holder, _micros(request.ttl), request.tenant_id),
+            (thread_id, request.holder, duration_micros(request.ttl), request.tenant_id),
             write=True,
         )
         code, token, expires_at, old_holder, old_tenant, latest = rows[0]
@@ -1095,7 +1094,7 @@ class PostgresCheckpointer(Checkpointer):
         )
 
     def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
-        rows = self._call("renew", thread_id, self._sql["RENEW"], (thread_id, token, _micros(ttl)), write=True)
+        rows = self._call("renew", thread_id, self._sql["RENEW"], (thread_id, token, duration_micros(ttl)), write=True)
         code, current, holder, expires_at, tenant = rows[0]
         if code == 1:
             raise StaleClaim(thread_id, token, current)
@@ -1106,7 +1105,8 @@ class PostgresCheckpointer(Checkpointer):
 
     # -- commits -----------------------------------------------------------------------------------------------------
 
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+    def _commit(self, thread_id: str, encoded: EncodedCommit) -> list[EventRecord]:
+        commit = encoded.source  # transitional: this store still encodes the Commit itself
         cp = commit.checkpoint
         body = origin = None
         if cp is not None:
@@ -1335,7 +1335,7 @@ class PostgresCheckpointer(Checkpointer):
     @staticmethod
     def _policy_params(policy: RetentionPolicy) -> tuple[int | None, int | None, int | None]:
         return (
-            _micros(policy.max_age) if policy.max_age is not None else None,
+            duration_micros(policy.max_age) if policy.max_age is not None else None,
             policy.max_checkpoints,
             policy.max_events,
         )
@@ -1364,7 +1364,7 @@ class PostgresCheckpointer(Checkpointer):
                     list(page),
                     self._Jsonb({key: sorted(runs) for key, runs in protected.items()}),
                     *self._policy_params(policy.retention),
-                    _micros(policy.tombstone_age) if policy.tombstone_age is not None else None,
+                    duration_micros(policy.tombstone_age) if policy.tombstone_age is not None else None,
                 ),
                 write=True,
             )

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
+from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import (
     CheckpointConflict,
     CheckpointNotFound,
@@ -76,6 +77,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.clock import SystemClock
 from threadloom.persistence.sqlite.queue import QUEUE_MIGRATION, SqliteRunQueue, open_runs_in
@@ -350,9 +352,6 @@ _SQL_INCOMPLETE = (
 
 _Row = tuple[Any, ...]
 
-
-def _micros(duration: timedelta) -> int:
-    return (duration.days * 86_400 + duration.seconds) * 1_000_000 + duration.microseconds
 
 
 def _clamp(value: int) -> int:
@@ -860,7 +859,8 @@ class SqliteCheckpointer(Checkpointer):
 
     # -- commits -----------------------------------------------------------------------------------------------------
 
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+    def _commit(self, thread_id: str, encoded: EncodedCommit) -> list[EventRecord]:
+        commit = encoded.source  # transitional: this store still encodes the Commit itself
         return self._write("commit", thread_id, self._commit_work, thread_id, commit)
 
     def _commit_work(self, conn: sqlite3.Connection, thread_id: str, commit: Commit) -> list[EventRecord]:
@@ -1128,7 +1128,7 @@ class SqliteCheckpointer(Checkpointer):
         end (the rows before it are the ones removed), age through the ``(thread_id, committed_at)`` indexes.
         """
         _token, _first, next_seq, floor, n_checkpoints, latest_position, *_rest = row
-        threshold = None if policy.max_age is None else _clamp(now_us - _micros(policy.max_age))
+        threshold = None if policy.max_age is None else _clamp(now_us - duration_micros(policy.max_age))
         removed = 0
         oldest_kept_mark = None
         if latest_position is not None and (policy.max_age is not None or policy.max_checkpoints is not None):
@@ -1213,7 +1213,7 @@ class SqliteCheckpointer(Checkpointer):
         pruned.clear()
         reclaimed.clear()
         now_us = codec.to_micros(self._now())
-        age_us = None if policy.tombstone_age is None else _micros(policy.tombstone_age)
+        age_us = None if policy.tombstone_age is None else duration_micros(policy.tombstone_age)
         # Whatever the guard answered, the runs open queue entries recorded are kept too (seeds 000 "sweep"),
         # read in this transaction, so an entry finished or a run recorded meanwhile is seen as of now.
         queued = open_runs_in(conn, page) if not policy.retention.keeps_everything else {}

@@ -1,0 +1,265 @@
+"""The encode-once step of the write path: a commit, validated and encoded into the text every store writes.
+
+:meth:`Checkpointer.commit <threadloom.persistence.base.Checkpointer.commit>` calls :func:`encode_commit` once;
+the store then writes the texts as they are. Nothing downstream validates, encodes or parses the commit again:
+
+- each JSON part (a checkpoint's state, a pending write's payload, an event's payload, an effect's result) was
+  validated and encoded by its constructor (``sealed_json``); only a value whose fields were replaced since is
+  encoded again;
+- the envelope of each stored row (ids, times, the commit's fencing token) is small and encoded here, with the
+  JSON part placed in it as the text it already is;
+- an event's number is known only inside the store's transaction: :meth:`EncodedEvent.text` puts it in front.
+
+Stored texts keep the shape the codec decodes (:mod:`threadloom.persistence.codec`), so older rows and rows of
+other versions read alike.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from threadloom.domain import validation as v
+from threadloom.domain.clock import to_micros
+from threadloom.domain.errors import ValidationError
+from threadloom.domain.values import _COMMIT_GETTER, trusted, Checkpoint, Commit, EffectRecord, EventDraft, EventRecord, PendingWrite
+
+_ENVELOPE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _with(head: dict[str, Any], key: str, json_text: str) -> str:
+    """The JSON object ``head`` with ``key`` set to the already encoded ``json_text`` (placed last)."""
+    encoded = _ENVELOPE.encode(head)
+    return f'{encoded[:-1]},"{key}":{json_text}}}' if head else f'{{"{key}":{json_text}}}'
+
+
+@attrs.frozen(slots=True)
+class EncodedCheckpoint:
+    """A commit's checkpoint as a store writes it: the columns it indexes, and the row's text."""
+
+    id: str
+    parent: str | None
+    run_id: str
+    status: str
+    """The status's stored value (``"running"`` …)."""
+    settled: bool
+    tenant_id: str | None
+    graph_id: str
+    origin_parent: str | None
+    """The parent thread of a child's origin (the ``children`` index), or None."""
+    text: str
+    """The whole checkpoint as JSON, ``fencing_token`` set to the commit's token."""
+    value: Checkpoint
+    """The checkpoint as committed (its ``fencing_token`` may be None: the text carries the token)."""
+
+
+@attrs.frozen(slots=True)
+class EncodedWrite:
+    """A pending write as a store writes it."""
+
+    checkpoint_id: str
+    task_id: str
+    text: str
+
+
+@attrs.frozen(slots=True)
+class EncodedEvent:
+    """An event draft numbered by the store inside its transaction."""
+
+    draft: EventDraft
+    thread_id: str
+    token: int
+    _tail: str
+    """The event's JSON object without its ``seq``, from the first key on (``"thread_id":…}``)."""
+
+    def text(self, seq: int) -> str:
+        """The stored text of the event numbered ``seq``."""
+        return f'{{"seq":{seq},{self._tail}'
+
+    def record(self, seq: int) -> EventRecord:
+        """The record a later read of the event numbered ``seq`` returns (nothing validated again)."""
+        draft = self.draft
+        return trusted(
+            EventRecord,
+            thread_id=self.thread_id,
+            seq=seq,
+            token=self.token,
+            run_id=draft.run_id,
+            type=draft.type,
+            timestamp=draft.timestamp,
+            payload=draft.payload,
+            checkpoint_id=draft.checkpoint_id,
+            task_id=draft.task_id,
+            node_id=draft.node_id,
+        )
+
+
+@attrs.frozen(slots=True)
+class EncodedEffect:
+    """An effect record as a store writes it (first-wins by ``key``)."""
+
+    key: str
+    text: str
+
+
+@attrs.frozen(slots=True)
+class EncodedCommit:
+    """One commit, validated and encoded: what a store's ``_commit`` receives (see the module docstring).
+
+    Attributes:
+        thread_id: the thread committed to.
+        token, fence, retract_turn, metadata: the commit's own (``metadata`` a fresh dict or None).
+        checkpoint, pending_writes, events, effects: the encoded parts, in commit order.
+        source: the ``Commit`` as the caller built it.
+    """
+
+    thread_id: str
+    token: int
+    fence: tuple[str, int] | None
+    retract_turn: bool
+    metadata: dict[str, str] | None
+    checkpoint: EncodedCheckpoint | None
+    pending_writes: tuple[EncodedWrite, ...]
+    events: tuple[EncodedEvent, ...]
+    effects: tuple[EncodedEffect, ...]
+    source: Commit
+
+    @property
+    def pending_targets(self) -> tuple[tuple[str, str], ...]:
+        """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
+        return tuple((w.task_id, w.checkpoint_id) for w in self.pending_writes)
+
+
+def _instance(field: str, value: Any, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
+    return value
+
+
+def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
+    """``cp`` encoded for storage with ``fencing_token`` = ``token`` (the store stamps the commit's token)."""
+    state = cp.sealed_json()
+    origin = cp.origin
+    head = {
+        "id": cp.id,
+        "parent": cp.parent,
+        "thread_id": cp.thread_id,
+        "run_id": cp.run_id,
+        "status": cp.status.value,
+        "created_at": to_micros(cp.created_at),
+        "graph_id": cp.graph_id,
+        "tenant_id": cp.tenant_id,
+        "fencing_token": token,
+        "origin": None
+        if origin is None
+        else {"parent_thread": origin.parent_thread, "parent_checkpoint": origin.parent_checkpoint,
+              "task_id": origin.task_id},
+        "metadata": cp.metadata,
+    }
+    return EncodedCheckpoint(
+        id=cp.id,
+        parent=cp.parent,
+        run_id=cp.run_id,
+        status=cp.status.value,
+        settled=cp.status.settled,
+        tenant_id=cp.tenant_id,
+        graph_id=cp.graph_id,
+        origin_parent=None if origin is None else origin.parent_thread,
+        text=_with(head, "state", state),
+        value=cp,
+    )
+
+
+def encode_pending_write(pw: PendingWrite) -> EncodedWrite:
+    """A pending write encoded for storage."""
+    payload = pw.sealed_json()
+    head = {"checkpoint_id": pw.checkpoint_id, "task_id": pw.task_id, "node_id": pw.node_id}
+    return EncodedWrite(checkpoint_id=pw.checkpoint_id, task_id=pw.task_id, text=_with(head, "payload", payload))
+
+
+def encode_event(draft: EventDraft, thread_id: str, token: int) -> EncodedEvent:
+    """An event draft encoded for storage, to be numbered by the store (:meth:`EncodedEvent.text`)."""
+    payload = draft.sealed_json()
+    head = {
+        "thread_id": thread_id,
+        "token": token,
+        "run_id": draft.run_id,
+        "type": draft.type,
+        "timestamp": to_micros(draft.timestamp),
+        "checkpoint_id": draft.checkpoint_id,
+        "task_id": draft.task_id,
+        "node_id": draft.node_id,
+    }
+    return EncodedEvent(draft, thread_id, token, _with(head, "payload", payload)[1:])
+
+
+def encode_effect(effect: EffectRecord) -> EncodedEffect:
+    """An effect record encoded for storage."""
+    result = effect.sealed_json()
+    head = {
+        "key": effect.key,
+        "run_id": effect.run_id,
+        "recorded_at": to_micros(effect.recorded_at),
+        "checkpoint_id": effect.checkpoint_id,
+        "task_id": effect.task_id,
+    }
+    return EncodedEffect(key=effect.key, text=_with(head, "result", result))
+
+
+def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
+    """Validates ``commit`` for ``thread_id`` and encodes it, once (see the module docstring).
+
+    Checks what no constructor can: the checkpoint names ``thread_id`` and carries no other token, is not its
+    own parent; the fence names another thread; no two effect records share a key. A part whose fields were
+    replaced after it was built (bypassing its validators) is validated again.
+
+    Returns:
+        The encoded commit a store's ``_commit`` writes as is.
+
+    Raises:
+        ValidationError: naming the field; nothing was read or written.
+    """
+    _instance("commit", commit, Commit)
+    if commit._seal != tuple(map(id, _COMMIT_GETTER(commit))):
+        attrs.validate(commit)  # replaced behind the constructor's back
+    v.check_int("commit.token", commit.token, low=1)
+    token = commit.token
+    cp = commit.checkpoint
+    encoded_cp = None
+    if cp is not None:
+        _instance("commit.checkpoint", cp, Checkpoint)
+        encoded_cp = encode_checkpoint(cp, token)  # validates a replaced field first
+        if cp.thread_id != thread_id:
+            raise ValidationError(
+                "commit.checkpoint.thread_id", (f"names thread {cp.thread_id!r}, but the commit is to {thread_id!r}",)
+            )
+        if cp.fencing_token is not None and cp.fencing_token != token:
+            raise ValidationError(
+                "commit.checkpoint.fencing_token",
+                (f"is {cp.fencing_token}, but the commit's token is {token} (leave it None)",),
+            )
+        if cp.parent == cp.id:
+            raise ValidationError("commit.checkpoint.parent", ("must not be the checkpoint itself",))
+    if commit.fence is not None and commit.fence[0] == thread_id:
+        raise ValidationError("commit.fence", ("must name another thread than the one committed to",))
+    writes = tuple(encode_pending_write(_instance("commit.pending_writes", pw, PendingWrite))
+                   for pw in commit.pending_writes)
+    events = tuple(encode_event(_instance("commit.events", draft, EventDraft), thread_id, token)
+                   for draft in commit.events)
+    effects = tuple(encode_effect(_instance("commit.effects", effect, EffectRecord)) for effect in commit.effects)
+    if len({effect.key for effect in effects}) != len(effects):
+        raise ValidationError("commit.effects", ("two effect records share a key",))
+    return EncodedCommit(
+        thread_id=thread_id,
+        token=token,
+        fence=commit.fence,
+        retract_turn=commit.retract_turn,
+        metadata=None if commit.metadata is None else dict(commit.metadata),
+        checkpoint=encoded_cp,
+        pending_writes=writes,
+        events=events,
+        effects=effects,
+        source=commit,
+    )
