@@ -62,9 +62,13 @@ class _Sealed:
     _GETTER: ClassVar[Any]
 
     def __attrs_post_init__(self) -> None:
-        text, copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
-        object.__setattr__(self, self._JSON_FIELD, copy)
-        object.__setattr__(self, "_json", text)
+        value = getattr(self, self._JSON_FIELD)
+        if value is None:
+            object.__setattr__(self, "_json", "null")
+        else:
+            text, copy = v.encode_json(self._JSON_NAME, value)
+            object.__setattr__(self, self._JSON_FIELD, copy)
+            object.__setattr__(self, "_json", text)
         object.__setattr__(self, "_seal", tuple(map(id, self._GETTER(self))))
 
     def sealed_json(self) -> str:

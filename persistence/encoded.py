@@ -125,11 +125,8 @@ class EncodedCommit:
     events: tuple[EncodedEvent, ...]
     effects: tuple[EncodedEffect, ...]
     source: Commit
-
-    @property
-    def pending_targets(self) -> tuple[tuple[str, str], ...]:
-        """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
-        return tuple((w.task_id, w.checkpoint_id) for w in self.pending_writes)
+    pending_targets: tuple[tuple[str, str], ...]
+    """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
 
 
 def _instance(field: str, value: Any, kind: type) -> Any:
@@ -251,4 +248,5 @@ def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
         events=events,
         effects=effects,
         source=commit,
+        pending_targets=tuple((w.task_id, w.checkpoint_id) for w in writes),
     )
