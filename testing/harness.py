@@ -15,7 +15,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from threadloom.domain.clock import ManualClock
-from threadloom.persistence.base import OPERATIONS, Checkpointer
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -105,38 +106,30 @@ class MemoryHarness(StoreHarness):
         return store
 
 
-class AlternatingCheckpointer(Checkpointer):
+class AlternatingCheckpointer(ForwardingCheckpointer):
     """Sends each call to the next of several stores over one storage in turn (the "store pair" arrangement).
 
     Used to run the contract suite against two stores at once: every rule must hold whichever store a call
-    reaches. ``close`` closes them all.
+    reaches. Each call is forwarded to that store's public method unchanged (it validates the call); ``close``
+    closes them all, and the closed stores then refuse every call.
     """
 
     def __init__(self, *stores: Checkpointer) -> None:
-        super().__init__()
+        super().__init__(None)
         self._stores = stores
         self._turn = itertools.cycle(range(len(stores)))
         self._lock = threading.Lock()
 
-    def _next(self) -> Checkpointer:
+    def __repr__(self) -> str:
+        return f"AlternatingCheckpointer{self._stores!r}"
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            return self._stores[next(self._turn)]
+            store = self._stores[next(self._turn)]
+        return getattr(store, operation)(*args, **kwargs)
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in OPERATIONS:
-            if object.__getattribute__(self, "_closed"):
-                return getattr(Checkpointer, name).__get__(self)
-            return getattr(object.__getattribute__(self, "_next")(), name)
-        return object.__getattribute__(self, name)
-
-    def _close(self) -> None:
+    def close(self) -> None:
+        super().close()
         for store in self._stores:
             store.close()
 
-    # Every call is forwarded before it reaches these; they exist to satisfy the abstract base.
-    def _unreachable(self, *_args: Any) -> Any:
-        raise AssertionError("AlternatingCheckpointer forwards every call")
-
-    _claim = _renew = _release = _commit = _latest = _checkpoint = _history = _children = _unreachable
-    _events_after = _compact_events = _delete_thread = _effect = _lookup_run = _prune = _unreachable
-    _sweep = _threads = _incomplete = _unreachable

@@ -42,7 +42,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence.base import Checkpointer, ask_guard
+from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.memory.queue import InMemoryRunQueue
 
@@ -88,7 +88,7 @@ class _Thread:
         return not (self.history or self.pending or self.events or self.effects or self.metadata or self.claim)
 
 
-class InMemoryCheckpointer(Checkpointer):
+class InMemoryCheckpointer(StoreBase):
     """The store contract in one process's memory (DESIGN §3): the reference every other store matches.
 
     Args:
