@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from threadloom.cli.main import cli
 from threadloom.domain.errors import ValidationError
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.cli import run_seeds
+from threadloom.simulations.planted import PlantedMemoryStore
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
 from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, SimTaskError, World
@@ -127,6 +129,22 @@ def test_each_planted_bug_is_caught_within_a_thousand_seeds(bug):
     assert caught is not None, f"{bug} was not caught within 1000 seeds"
     assert caught.trace[-1].split()[1] == "CHECK"  # the trace ends with the violation
     assert config.command(caught.seed) == f"threadloom simulate --seed {caught.seed} --plant {bug}"
+
+
+def test_a_seed_that_plants_bugs_runs_over_the_planted_store_and_a_clean_seed_over_the_reference(monkeypatch):
+    built: list[type] = []
+    real_init = InMemoryCheckpointer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built.append(type(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(InMemoryCheckpointer, "__init__", recording_init)
+    simulate_seed(3, SimConfig(plant=frozenset(["sweep_unguarded"])))
+    assert built == [PlantedMemoryStore]
+    built.clear()
+    simulate_seed(3)
+    assert built == [InMemoryCheckpointer]
 
 
 def test_planted_bugs_need_the_memory_store():
