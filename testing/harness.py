@@ -11,6 +11,7 @@ import abc
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -133,3 +134,78 @@ class AlternatingCheckpointer(ForwardingCheckpointer):
         for store in self._stores:
             store.close()
 
+
+_wrapping: dict[tuple[Any, ...], type[StoreHarness]] = {}
+
+
+def wrapping_harness(
+    base: type[StoreHarness],
+    wrap: Callable[[StoreHarness, Checkpointer], Checkpointer] = lambda _harness, store: ForwardingCheckpointer(store),
+    *,
+    prefix: str = "forwarding",
+    setup: Callable[[StoreHarness], None] | None = None,
+) -> type[StoreHarness]:
+    """A subclass of ``base`` whose every store (``open``, ``sibling``, ``reopen``) is ``base``'s store wrapped.
+
+    The contract must hold unchanged through a wrapper, so the whole suite runs against it::
+
+        class TestForwardingMemory(CheckpointerContract):
+            harness_class = wrapping_harness(MemoryHarness)
+
+    Args:
+        base: any store harness class (memory, SQLite, PostgreSQL, …); its flags (``database_clock``,
+            ``reopenable``, ``shared``, ``tick``) and its storage handling are inherited unchanged.
+        wrap: builds the wrapper of one store, given the harness instance (default: a bare
+            :class:`~threadloom.persistence.forwarding.ForwardingCheckpointer`).
+        prefix: the start of the class's name and of its ``name`` (``"<prefix>-<base name>"``).
+        setup: runs once on each new harness instance, before any store is opened (e.g. to make a shared meter).
+
+    Returns:
+        The harness class, named ``<Prefix><Base>``; the same class for the same arguments. Its instances have
+        ``inner_stores`` (the unwrapped stores, in the order they were opened) and ``wrapped_stores`` (their
+        wrappers, in the same order). A harness whose sibling is the store itself (memory) gets the same wrapper
+        back too.
+    """
+    key = (base, wrap, prefix, setup)
+    cached = _wrapping.get(key)
+    if cached is not None:
+        return cached
+
+    def __init__(self: Any, *args: object, **kwargs: object) -> None:
+        base.__init__(self, *args, **kwargs)
+        self.inner_stores = []
+        self.wrapped_stores = []
+        if setup is not None:
+            setup(self)
+
+    def _wrap(self: Any, store: Checkpointer) -> Checkpointer:
+        if any(wrapped is store for wrapped in self.wrapped_stores):
+            return store
+        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores):
+            if inner is store:
+                return wrapped
+        wrapped = wrap(self, store)
+        self.inner_stores.append(store)
+        self.wrapped_stores.append(wrapped)
+        return wrapped
+
+    def _open(self: StoreHarness) -> Checkpointer:
+        return _wrap(self, base._open(self))
+
+    def _sibling(self: StoreHarness) -> Checkpointer:
+        return _wrap(self, base._sibling(self))
+
+    cls = type(
+        f"{prefix.title().replace('-', '')}{base.__name__}",
+        (base,),
+        {
+            "__init__": __init__,
+            "__doc__": f"{base.__name__}'s stores, each wrapped ({prefix}).",
+            "__module__": __name__,
+            "name": f"{prefix}-{base.name}",
+            "_open": _open,
+            "_sibling": _sibling,
+        },
+    )
+    _wrapping[key] = cls
+    return cls

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from threadloom.cli.main import cli
 from threadloom.domain.errors import ValidationError
+from threadloom.persistence import base
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.cli import run_seeds
@@ -162,6 +163,30 @@ def test_regression_seeds_keep_their_verdicts(kept):
         assert not result.ok, f"seed {kept.seed} no longer catches {kept.plant}"
     else:
         assert result.ok, (result.invariant, result.detail)
+
+
+# -- the simulated store ---------------------------------------------------------------------------------------------
+
+
+def test_the_simulated_store_validates_nothing_itself(monkeypatch):
+    """Each commit is checked once, by the real store: never by the simulated store in front of it (seed 6 also
+    loses several commits before they reach the store, which the simulated store then never checks)."""
+    counts = Counter()
+    real_check, real_commit = base.check_commit, InMemoryCheckpointer._commit
+
+    def check(*args):
+        counts["checked"] += 1
+        return real_check(*args)
+
+    def commit(self, *args):
+        counts["applied"] += 1
+        return real_commit(self, *args)
+
+    monkeypatch.setattr(base, "check_commit", check)
+    monkeypatch.setattr(InMemoryCheckpointer, "_commit", commit)
+    result = simulate_seed(6)
+    assert result.ok and result.probes["outcome_unknown_not_applied.commit"] > 0
+    assert counts["applied"] > 0 and counts["checked"] == counts["applied"]
 
 
 # -- the world ------------------------------------------------------------------------------------------------------------
