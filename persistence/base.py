@@ -1,8 +1,11 @@
-"""The ``Checkpointer`` contract (DESIGN §3; seeds 000, every method paragraph).
+"""The ``Checkpointer`` contract, and ``StoreBase``, the base of every concrete store.
 
-Every public method validates its arguments first (``ValidationError`` naming the field, nothing read or
-written), refuses the call once the store is closed (``ProcessingError``), and then calls the store's
-``_``-prefixed implementation. Stores implement those; they never re-validate.
+:class:`Checkpointer` is the abstract public contract: every store and every wrapper is one. Concrete stores
+subclass :class:`StoreBase`, whose public methods validate their arguments first (``ValidationError`` naming
+the field, nothing read or written), refuse the call once the store is closed (``StoreClosed``), and then call
+the store's ``_``-prefixed implementation; stores implement those and never re-validate. Wrappers subclass
+:class:`~threadloom.persistence.forwarding.ForwardingCheckpointer` instead, which hands every call to another
+store's public method, so a call is validated once, by the store at the end of the chain.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
+from threadloom.persistence.queue import RunQueue
 
 
 def _instance(field: str, value: Any, kind: type) -> Any:
@@ -65,15 +69,263 @@ OPERATIONS: tuple[str, ...] = (
     "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep", "threads",
     "incomplete",
 )
-"""The public methods of the contract, in DESIGN §3's order (the metered store, the store pair and the contract
-suite all iterate over this one list)."""
+"""The public methods of the contract, in the order :class:`Checkpointer` declares them (the forwarding base,
+the metered store and the contract suite all iterate over this one list)."""
 
 
 class Checkpointer(abc.ABC):
-    """A store of agent threads: claims, fenced commits, history, events, tombstones, retention (DESIGN §3).
+    """A store of agent threads: claims, fenced commits, history, events, tombstones, retention.
 
-    Safe to call from any number of threads; several stores over one storage behave as one. Use as a context
-    manager to close it.
+    The contract every store and every wrapper keeps (README "The library in ten lines"). Concrete stores
+    subclass :class:`StoreBase`, which validates each call once and hands it to the store's implementation;
+    wrappers (a metered store, a simulated one) subclass
+    :class:`~threadloom.persistence.forwarding.ForwardingCheckpointer`, which hands each call on to another
+    store's public method, so the store at the end validates it once. ``isinstance(x, Checkpointer)`` holds for
+    both.
+
+    Every method raises ``ValidationError`` (naming the field) for bad input before anything is read or
+    written, and ``ProcessingError`` when the storage failed or the store is closed (``StoreClosed``,
+    ``StoreUnavailable`` - retryable - or ``StoreCorrupt``); the errors listed per method come on top. Safe to
+    call from any number of threads; several stores over one storage behave as one. Use as a context manager
+    to close it.
+    """
+
+    # DESIGN §3 gives the rules; seeds 000 has a paragraph per method.
+
+    queue: RunQueue | None = None
+    """The store's durable run queue over the same storage (README "Agent runs that survive crashes"), or None
+    for a store without one. It shares the store's closed state; a wrapper shows its inner store's queue."""
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (a wrapper: or the store it wraps was closed)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Closes the store: later calls raise ``StoreClosed`` (a ``ProcessingError``); closing twice does nothing.
+
+        A claim this store granted stays in the storage until released through another store or expired.
+        """
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+    # -- claims --------------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
+        """Claims ``thread_id`` for ``request.holder`` until ``request.ttl`` from now, by the store's clock.
+
+        A thread need not have a checkpoint to be claimed.
+
+        Returns:
+            The claim with a new fencing token, greater than every token the storage issued before; its
+            ``taken_over_from`` names the holder of an expired, unreleased claim it replaced (same tenant only).
+
+        Raises:
+            ThreadBusy: a live claim holds the thread (the holder's own included); nothing changed. The holder
+                is named only to a request of the same tenant. Retrying after the claim ends is safe.
+            ValidationError: bad ``thread_id`` or ``request``.
+            ProcessingError: the storage failed or the store is closed.
+        """
+
+    @abc.abstractmethod
+    def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
+        """Extends the claim ``token`` to ``ttl`` from now by the store's clock.
+
+        An expired claim nobody replaced is renewed. Renewing again is safe.
+
+        Raises:
+            StaleClaim: ``token`` is not the thread's current claim (taken over, released, or deleted).
+            ValidationError, ProcessingError: as for :meth:`claim`.
+        """
+
+    @abc.abstractmethod
+    def release(self, thread_id: str, token: int) -> None:
+        """Ends the claim ``token`` so the thread can be claimed again at once.
+
+        A token that is not the thread's current claim changes nothing: a run that lost its claim never
+        releases its successor's. Releasing again is safe.
+        """
+
+    # -- commits -------------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+        """Applies ``commit`` atomically, fenced by its token.
+
+        Checks, in order, the first failure winning with nothing written: own token (``StaleClaim``), the
+        fence's token (``StaleClaim`` naming the other thread), the checkpoint's parent against the latest
+        (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
+        already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
+        checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
+
+        Returns:
+            The commit's events, numbered contiguously in commit order, each with the commit's token: what a
+            later read returns.
+
+        Raises:
+            StaleClaim, CheckpointConflict, InvalidCommit: as above; a retry with the same commit is refused
+                the same way.
+            OutcomeUnknown: the storage failed while the commit was in flight (read the thread to learn).
+            ValidationError, ProcessingError: as for :meth:`claim`.
+        """
+
+    # -- reads -----------------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def latest(self, thread_id: str) -> StoredCheckpoint | None:
+        """The thread's latest checkpoint and its pending writes in commit order; None for a new thread."""
+
+    @abc.abstractmethod
+    def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
+        """Checkpoint ``checkpoint_id`` of the thread's history, latest included; None if it is not there."""
+
+    @abc.abstractmethod
+    def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
+        """Up to ``limit`` (1..1000) of the thread's checkpoints, newest first, after ``before`` when given.
+
+        Page by passing the last id of each page as ``before``.
+
+        Raises:
+            CheckpointNotFound: ``before`` is not in the history.
+        """
+
+    @abc.abstractmethod
+    def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
+        """Up to ``limit`` (at most 1000) of ``parent``'s direct children, oldest first.
+
+        A child is a thread whose latest checkpoint's origin names ``parent``, ordered by when it first
+        committed a checkpoint with that origin; deleted threads are not listed but keep their place while
+        their tombstone does. A ``limit`` below 1 reads none.
+
+        Raises:
+            ValidationError: ``after`` is not known as a child of ``parent``; ``limit`` is not an int or above
+                1000.
+        """
+
+    @abc.abstractmethod
+    def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        """Up to ``limit`` (1..10000) events with ``seq > after_seq``, ascending.
+
+        ``after_seq`` 0 and the number just before the incarnation's first both read from its first event.
+
+        Raises:
+            ReplayUnavailable: the start lies behind the replay floor.
+            ThreadDeleted: ``after_seq`` lies inside a deleted incarnation's log.
+        """
+
+    @abc.abstractmethod
+    def await_events_after(
+        self,
+        thread_id: str,
+        after_seq: int,
+        limit: int,
+        timeout: timedelta,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> list[EventRecord]:
+        """:meth:`events_after`, waiting up to ``timeout`` for a commit when there is nothing yet.
+
+        Returns at once when the log holds events after ``after_seq``; otherwise the events of a commit that
+        lands within ``timeout`` through any store over the storage, or ``[]``. A store that cannot wake on
+        commits polls every :attr:`StoreBase.poll_interval`.
+
+        Raises:
+            CancelledError: ``cancel`` was set (checked before the call and while waiting).
+            ReplayUnavailable, ThreadDeleted: as :meth:`events_after`.
+        """
+
+    @abc.abstractmethod
+    def compact_events(self, thread_id: str, before_seq: int) -> None:
+        """Drops events with ``seq < before_seq``; replay then starts no earlier.
+
+        Needs no claim. The floor never moves back and never passes the thread's next number; compacting again
+        is safe.
+        """
+
+    @abc.abstractmethod
+    def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
+        """Removes everything stored for the thread, fenced like a commit.
+
+        History, pending writes, events, effects and the claim go; a tombstone keeps where the event numbering
+        ended (the next incarnation starts one number past it) and when the store deleted it. Wakes waiters.
+
+        Raises:
+            StaleClaim: ``token`` is not the thread's current claim (a thread with no claim is refused: claim
+                it first), or the fence's token is not the fence thread's; nothing deleted. A retry after a
+                delete that applied is refused this way too (the claim went with the thread).
+        """
+
+    @abc.abstractmethod
+    def effect(self, thread_id: str, key: str) -> EffectRecord | None:
+        """The thread's effect record under ``key``; None if it has none or the thread is unknown."""
+
+    @abc.abstractmethod
+    def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
+        """The newest checkpoint (by place in the history) whose ``run_id`` is one of ``run_ids``, or None.
+
+        An empty ``run_ids`` is None.
+        """
+
+    @abc.abstractmethod
+    def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
+        """Removes the checkpoints and events ``policy`` does not keep, by the store's clock.
+
+        Age is judged against the store's commit times, never the producer's. The latest checkpoint and its
+        pending writes are always kept, and so is the newest checkpoint of every run an open run-queue entry
+        names; pruning checkpoints also removes the events before the oldest kept; removing events raises the
+        replay floor. Needs no claim; an unknown thread is a no-op; pruning again is safe.
+        """
+
+    @abc.abstractmethod
+    def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
+        """One bounded page of the store-wide retention sweep.
+
+        Visits at most ``policy.batch_size`` threads (tombstones included) after ``after`` in thread-id order,
+        asks ``guard`` which are protected, prunes each by ``policy.retention`` (keeping the newest checkpoint of
+        every protected run), and reclaims tombstones older than ``policy.tombstone_age`` that nothing was
+        stored under since, raising the store's reclamation mark.
+
+        Returns:
+            What the page visited, pruned and reclaimed, and ``next`` (the cursor to pass as ``after``) while
+            more threads follow, else None.
+
+        Raises:
+            Whatever ``guard`` raises, with nothing changed (a non-threadloom error becomes ``ProcessingError``).
+        """
+
+    @abc.abstractmethod
+    def threads(self, query: ThreadQuery) -> ThreadPage:
+        """A page of ``query.tenant_id``'s root threads, newest first by ``updated_at`` (ties: id descending).
+
+        Listed are threads with a checkpoint whose latest checkpoint has the query's tenant and no origin,
+        filtered by ``query.matches``.
+        """
+
+    @abc.abstractmethod
+    def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
+        """The tenant's ``IDLE`` root threads, oldest first by ``updated_at`` (ties: id ascending).
+
+        At most ``limit`` (1..1000); a thread whose cascade delete began is not listed.
+        """
+
+
+class StoreBase(Checkpointer):
+    """The base of every concrete store: it validates each call once, then runs the store's implementation.
+
+    Each public method of :class:`Checkpointer` checks its arguments (``ValidationError`` naming the field,
+    nothing read or written), refuses the call once the store is closed (``StoreClosed``), and calls the
+    store's ``_``-prefixed method of the same name. A store implements those abstract ``_`` methods and never
+    re-validates: the arguments it gets are checked. The public methods' documentation is
+    :class:`Checkpointer`'s. A store that cannot wake on commits keeps the polling :meth:`await_events_after`
+    of this class.
     """
 
     poll_interval: timedelta = timedelta(milliseconds=50)
@@ -87,7 +339,6 @@ class Checkpointer(abc.ABC):
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` was called."""
         return self._closed
 
     def _ensure_open(self, operation: str) -> None:
@@ -95,39 +346,15 @@ class Checkpointer(abc.ABC):
             raise StoreClosed(operation, "the store is closed; open a new one")
 
     def close(self) -> None:
-        """Closes the store (rule 12): later calls raise ``ProcessingError``; closing twice does nothing.
-
-        A claim this store granted stays in the storage until released through another store or expired.
-        """
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         self._close()
 
-    def __enter__(self) -> Checkpointer:
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        self.close()
-
     # -- claims --------------------------------------------------------------------------------------------------
 
     def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
-        """Claims ``thread_id`` for ``request.holder`` until ``request.ttl`` from now, by the store's clock.
-
-        Source: seeds 000 "claim"; DESIGN §3 rules 1–2. A thread need not have a checkpoint to be claimed.
-
-        Returns:
-            The claim with a new fencing token, greater than every token the storage issued before; its
-            ``taken_over_from`` names the holder of an expired, unreleased claim it replaced (same tenant only).
-
-        Raises:
-            ThreadBusy: a live claim holds the thread (the holder's own included); nothing changed. The holder
-                is named only to a request of the same tenant. Retrying after the claim ends is safe.
-            ValidationError: bad ``thread_id`` or ``request``.
-            ProcessingError: the storage failed or the store is closed.
-        """
         v.check_id("thread_id", thread_id)
         _instance("request", request, ClaimRequest)
         attrs.validate(request)
@@ -135,14 +362,6 @@ class Checkpointer(abc.ABC):
         return self._claim(thread_id, request)
 
     def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
-        """Extends the claim ``token`` to ``ttl`` from now by the store's clock (seeds 000 "renew").
-
-        An expired claim nobody replaced is renewed.
-
-        Raises:
-            StaleClaim: ``token`` is not the thread's current claim (taken over, released, or deleted).
-            ValidationError, ProcessingError: as for :meth:`claim`.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
         v.check_positive_duration("ttl", ttl)
@@ -150,11 +369,6 @@ class Checkpointer(abc.ABC):
         return self._renew(thread_id, token, ttl)
 
     def release(self, thread_id: str, token: int) -> None:
-        """Ends the claim ``token`` so the thread can be claimed again at once (seeds 000 "release").
-
-        A token that is not the thread's current claim changes nothing: a run that lost its claim never
-        releases its successor's.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
         self._ensure_open("release")
@@ -189,26 +403,17 @@ class Checkpointer(abc.ABC):
     # -- reads -----------------------------------------------------------------------------------------------------
 
     def latest(self, thread_id: str) -> StoredCheckpoint | None:
-        """The thread's latest checkpoint and its pending writes in commit order; None for a new thread."""
         v.check_id("thread_id", thread_id)
         self._ensure_open("latest")
         return self._latest(thread_id)
 
     def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
-        """Checkpoint ``checkpoint_id`` of the thread's history, latest included; None if it is not there."""
         v.check_id("thread_id", thread_id)
         v.check_id("checkpoint_id", checkpoint_id)
         self._ensure_open("checkpoint")
         return self._checkpoint(thread_id, checkpoint_id)
 
     def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
-        """Up to ``limit`` (1..1000) of the thread's checkpoints, newest first, after ``before`` when given.
-
-        Source: seeds 000 "history"; DESIGN §3 rule 5. Page by passing the last id of each page as ``before``.
-
-        Raises:
-            CheckpointNotFound: ``before`` is not in the history.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
         v.check_optional_id("before", before)
@@ -216,16 +421,6 @@ class Checkpointer(abc.ABC):
         return self._history(thread_id, limit, before)
 
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
-        """Up to ``limit`` (at most 1000) of ``parent``'s direct children, oldest first (seeds 000 "children").
-
-        A child is a thread whose latest checkpoint's origin names ``parent``, ordered by when it first
-        committed a checkpoint with that origin; deleted threads are not listed but keep their place while
-        their tombstone does. A ``limit`` below 1 reads none (seeds 000: "limit below 1 reads none").
-
-        Raises:
-            ValidationError: ``after`` is not known as a child of ``parent``; ``limit`` is not an int or above
-                1000.
-        """
         v.check_id("parent", parent)
         v.check_int("limit", limit, high=rules.MAX_PAGE)
         v.check_optional_id("after", after)
@@ -235,14 +430,6 @@ class Checkpointer(abc.ABC):
         return self._children(parent, limit, after)
 
     def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
-        """Up to ``limit`` (1..10000) events with ``seq > after_seq``, ascending (seeds 000 "eventsAfter").
-
-        ``after_seq`` 0 and the number just before the incarnation's first both read from its first event.
-
-        Raises:
-            ReplayUnavailable: the start lies behind the replay floor.
-            ThreadDeleted: ``after_seq`` lies inside a deleted incarnation's log.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("after_seq", after_seq, low=0)
         v.check_int("limit", limit, low=1, high=rules.MAX_EVENTS_PAGE)
@@ -258,16 +445,6 @@ class Checkpointer(abc.ABC):
         *,
         cancel: threading.Event | None = None,
     ) -> list[EventRecord]:
-        """:meth:`events_after`, waiting up to ``timeout`` for a commit when there is nothing yet.
-
-        Source: seeds 000 "awaitEventsAfter"; DESIGN §3 rule 11. Returns at once when the log holds events after
-        ``after_seq``; otherwise the events of a commit that lands within ``timeout`` through any store over the
-        storage, or ``[]``. This default polls every :attr:`poll_interval`.
-
-        Raises:
-            CancelledError: ``cancel`` was set (checked before the call and at every poll).
-            ReplayUnavailable, ThreadDeleted: as :meth:`events_after`.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("after_seq", after_seq, low=0)
         v.check_int("limit", limit, low=1, high=rules.MAX_EVENTS_PAGE)
@@ -297,25 +474,12 @@ class Checkpointer(abc.ABC):
                 time.sleep(pause)
 
     def compact_events(self, thread_id: str, before_seq: int) -> None:
-        """Drops events with ``seq < before_seq``; replay then starts no earlier (seeds 000 "compactEvents").
-
-        Needs no claim. The floor never moves back and never passes the thread's next number.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("before_seq", before_seq, low=0)
         self._ensure_open("compact_events")
         self._compact_events(thread_id, before_seq)
 
     def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
-        """Removes everything stored for the thread, fenced like a commit (DESIGN §3 rule 6).
-
-        History, pending writes, events, effects and the claim go; a tombstone keeps where the event numbering
-        ended (the next incarnation starts one number past it) and when the store deleted it. Wakes waiters.
-
-        Raises:
-            StaleClaim: ``token`` is not the thread's current claim (a thread with no claim is refused: claim
-                it first), or the fence's token is not the fence thread's; nothing deleted.
-        """
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
         if fence is not None:
@@ -329,17 +493,12 @@ class Checkpointer(abc.ABC):
         self._delete_thread(thread_id, token, fence)
 
     def effect(self, thread_id: str, key: str) -> EffectRecord | None:
-        """The thread's effect record under ``key``; None if it has none or the thread is unknown."""
         v.check_id("thread_id", thread_id)
         v.check_id("key", key)
         self._ensure_open("effect")
         return self._effect(thread_id, key)
 
     def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
-        """The newest checkpoint (by place in the history) whose ``run_id`` is one of ``run_ids``, or None.
-
-        Source: seeds 000 "lookupRun"; DESIGN §4. An empty ``run_ids`` is None.
-        """
         v.check_id("thread_id", thread_id)
         ids = v.check_run_ids("run_ids", run_ids)
         self._ensure_open("lookup_run")
@@ -348,32 +507,12 @@ class Checkpointer(abc.ABC):
         return self._lookup_run(thread_id, ids)
 
     def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
-        """Removes the checkpoints and events ``policy`` does not keep, by the store's clock (seeds 000 "prune").
-
-        Age is judged against the store's commit times, never the producer's. The latest checkpoint and its
-        pending writes are always kept; pruning checkpoints also removes the events before the oldest kept;
-        removing events raises the replay floor. Needs no claim; an unknown thread is a no-op.
-        """
         v.check_id("thread_id", thread_id)
         _instance("policy", policy, RetentionPolicy)
         self._ensure_open("prune")
         self._prune(thread_id, policy)
 
     def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
-        """One bounded page of the store-wide retention sweep (seeds 000 "sweep"; DESIGN §3 rule 6).
-
-        Visits at most ``policy.batch_size`` threads (tombstones included) after ``after`` in thread-id order,
-        asks ``guard`` which are protected, prunes each by ``policy.retention`` (keeping the newest checkpoint of
-        every protected run), and reclaims tombstones older than ``policy.tombstone_age`` that nothing was
-        stored under since, raising the store's reclamation mark.
-
-        Returns:
-            What the page visited, pruned and reclaimed, and ``next`` (the cursor to pass as ``after``) while
-            more threads follow, else None.
-
-        Raises:
-            Whatever ``guard`` raises, with nothing changed (a non-threadloom error becomes ``ProcessingError``).
-        """
         _instance("policy", policy, SweepPolicy)
         if guard is not None and not callable(getattr(guard, "protected", None)):
             raise ValidationError("guard", ("must have a protected(thread_ids) method, or be None",))
@@ -382,21 +521,11 @@ class Checkpointer(abc.ABC):
         return self._sweep(policy, guard, after)
 
     def threads(self, query: ThreadQuery) -> ThreadPage:
-        """A page of ``query.tenant_id``'s root threads, newest first by ``updated_at`` (ties: id descending).
-
-        Source: seeds 000 "threads". Listed are threads with a checkpoint whose latest checkpoint has the
-        query's tenant and no origin, filtered by ``query.matches``.
-        """
         _instance("query", query, ThreadQuery)
         self._ensure_open("threads")
         return self._threads(query)
 
     def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
-        """The tenant's ``IDLE`` root threads, oldest first by ``updated_at`` (ties: id ascending).
-
-        Source: seeds 000 "incomplete". At most ``limit`` (1..1000); a thread whose cascade delete began is
-        not listed.
-        """
         v.check_optional_id("tenant_id", tenant_id)
         v.check_int("limit", limit, low=1, high=ThreadQuery.MAX_LIMIT)
         if after is not None:

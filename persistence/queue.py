@@ -1,8 +1,10 @@
 """The ``RunQueue`` contract: the durable run queue every store holds (DESIGN §4; seeds 000 "lookupRun").
 
-A store exposes its queue as ``store.queue`` (a :class:`RunQueue` over the same storage, sharing the store's
-lock or connections and its closed state): one store object is then both the ``Checkpointer`` and the queue,
-and the store's ``prune`` and ``sweep`` keep the newest checkpoint of every run an open entry names.
+A store exposes its queue as ``store.queue``, declared on :class:`~threadloom.persistence.base.Checkpointer`
+(None for a store without one; a wrapper shows its inner store's): a :class:`RunQueue` over the same storage,
+sharing the store's lock or connections and its closed state. One store object is then both the
+``Checkpointer`` and the queue, and the store's ``prune`` and ``sweep`` keep the newest checkpoint of every run
+an open entry names.
 
 Like :class:`~threadloom.persistence.base.Checkpointer`, every public method validates its arguments first
 (``ValidationError`` naming the field, nothing read or written), refuses the call once the store is closed
@@ -288,7 +290,7 @@ def queue_of(store: Any) -> RunQueue:
     """The run queue of ``store`` (its ``queue`` attribute).
 
     Raises:
-        ValidationError: the store has no run queue (yet).
+        ValidationError: the store has no run queue (``store.queue`` is None or missing).
     """
     queue = getattr(store, "queue", None)
     if not isinstance(queue, RunQueue):

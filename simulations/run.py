@@ -38,6 +38,7 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import structlog_restored
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
+from threadloom.simulations.planted import PLANTED_BUGS, PlantedMemoryStore
 from threadloom.simulations.store import Faults, SimStore
 from threadloom.simulations.world import (
     EPOCH,
@@ -58,17 +59,6 @@ caller sees ``OutcomeUnknown``); store calls are slow."""
 STORES: tuple[str, ...] = ("memory", "sqlite")
 """The stores a simulation can run over."""
 
-PLANTED_BUGS: tuple[str, ...] = (
-    "commit_unfenced",
-    "renew_unfenced",
-    "effect_unfenced",
-    "sweep_unguarded",
-    "seq_reuse_after_delete",
-)
-"""Test-only bugs the simulation must catch, planted in the in-memory store: a commit that does not check its
-token; a renew that does not check its token; effect records written before (outside) the fenced commit; a
-sweep that ignores its guard; event numbers that start again from 1 after a delete."""
-
 TTL = timedelta(seconds=2)
 RENEW_EVERY = timedelta(milliseconds=600)
 HEAL_AT = timedelta(seconds=12)
@@ -85,7 +75,8 @@ class SimConfig:
         faults: the fault kinds seeds may suffer (a subset of :data:`FAULT_KINDS`).
         graph: ``module:attr`` naming a user's :class:`~threadloom.actors.graph.Graph` that the queued runs run
             instead of the built-in one (None: built-in).
-        plant: test-only planted bugs (a subset of :data:`PLANTED_BUGS`; memory store only).
+        plant: test-only planted bugs (a subset of :data:`~threadloom.simulations.planted.PLANTED_BUGS`; memory
+            store only: the seed then runs over a :class:`~threadloom.simulations.planted.PlantedMemoryStore`).
     """
 
     store: str = "memory"
@@ -271,9 +262,6 @@ class _Seed:
         self.workdir = workdir
         self.opened: list[Checkpointer] = []
         self.inner = self._open_store("store", self.store_clock)
-        if config.plant:
-            assert isinstance(self.inner, InMemoryCheckpointer)
-            self.inner._planted = frozenset(config.plant)
         self.oracle = Oracle(world, self.inner)
         self.faults = Faults()
         self.kinds = [kind for kind in FAULT_KINDS if kind in config.faults and rng.random() < 0.5]
@@ -307,7 +295,9 @@ class _Seed:
         if self.config.store == "memory":
             if name != "store":
                 return self.inner
-            opened: Checkpointer = InMemoryCheckpointer(clock=clock)
+            opened: Checkpointer = (
+                PlantedMemoryStore(clock, self.config.plant) if self.config.plant else InMemoryCheckpointer(clock=clock)
+            )
         else:
             from threadloom.persistence.sqlite.store import SqliteCheckpointer
 

@@ -17,28 +17,17 @@ from typing import Any
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import CancelledError, OutcomeUnknown, ThreadloomError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
-from threadloom.domain.values import (
-    Checkpoint,
-    ClaimRequest,
-    Commit,
-    EffectRecord,
-    EventRecord,
-    RetentionPolicy,
-    RunClaim,
-    StoredCheckpoint,
-    SweepGuard,
-    SweepPage,
-    SweepPolicy,
-    ThreadCursor,
-    ThreadPage,
-    ThreadQuery,
-)
+from threadloom.domain.values import EventRecord, SweepGuard, SweepPage, SweepPolicy
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.queue import RunQueue
 from threadloom.simulations.world import SimCrash, SimNode, World
 
 WRITES = frozenset({"claim", "renew", "release", "commit", "delete_thread"})
 """The store calls a fault can make fail before or after they applied."""
+
+STORE_WIDE = frozenset({"sweep", "threads", "incomplete"})
+"""The store calls that name no thread (the oracle notes them under none)."""
 
 
 class Faults:
@@ -58,8 +47,11 @@ class Faults:
         self.active = True
 
 
-class SimStore(Checkpointer):
+class SimStore(ForwardingCheckpointer):
     """The store of one simulated node: forwards every call to ``inner``'s public method, as a yield point.
+
+    ``inner`` validates each call (this wrapper validates nothing). Closing a ``SimStore`` does not close
+    ``inner``, which other nodes may share: the seed closes the real stores when it ends.
 
     Args:
         inner: the real store.
@@ -70,17 +62,25 @@ class SimStore(Checkpointer):
     """
 
     def __init__(self, inner: Checkpointer, node: SimNode, oracle: Any, faults: Faults, store_clock: Clock) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.store_clock = store_clock
         self.node = node
         self.world: World = node.world
         self.oracle = oracle
         self.faults = faults
-        self.queue = SimQueue(self, inner.queue) if getattr(inner, "queue", None) is not None else None
+        self._queue = SimQueue(self, inner.queue) if inner.queue is not None else None
 
     def __repr__(self) -> str:
         return f"SimStore({self.node.name!r})"
+
+    @property
+    def queue(self) -> SimQueue | None:  # type: ignore[override]
+        """The node's view of the real store's run queue: every call a yield point."""
+        return self._queue
+
+    def close(self) -> None:
+        """Refuses this node's later calls; the real store stays open (the seed closes it)."""
+        self._closed = True
 
     # -- the call ---------------------------------------------------------------------------------------------
 
@@ -91,11 +91,20 @@ class SimStore(Checkpointer):
             return timedelta(microseconds=world.rng.randrange(1, max(2, int(faults.slow_for / timedelta(microseconds=1)))))
         return timedelta(milliseconds=world.rng.choice((0, 0, 1, 2)))
 
-    def _call(self, op: str, thread_id: str | None, call: Any, *args: Any, **kwargs: Any) -> Any:
-        """Yields, applies the faults, calls ``inner``, and reports the outcome to the oracle."""
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """Every call of the contract: a yield point, the seed's faults, and the oracle's check of the outcome."""
+        thread_id = None if operation in STORE_WIDE else args[0]
+        noted = (*args, kwargs["fence"]) if operation == "delete_thread" else args
+        return self._call(operation, thread_id, noted, super()._forward, operation, *args, **kwargs)
+
+    def _call(
+        self, op: str, thread_id: str | None, noted: tuple[Any, ...], call: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Yields, applies the faults, runs ``call``, and reports the outcome to the oracle (with ``noted``)."""
         world, faults = self.world, self.faults
         if self.node.dead:
             raise SimCrash()
+        self._ensure_open(op)
         world.sleep(self._latency())
         fault = None
         if faults.active and op in WRITES:
@@ -105,58 +114,36 @@ class SimStore(Checkpointer):
             elif roll < faults.fail_before + faults.fail_after:
                 fault = "after"
         if fault == "before":
-            self.oracle.note(self, op, thread_id, args, error=OutcomeUnknown(op, "the request was lost"))
+            self.oracle.note(self, op, thread_id, noted, error=OutcomeUnknown(op, "the request was lost"))
             self.oracle.probe(f"outcome_unknown_not_applied.{op}")
             raise OutcomeUnknown(op, f"the request of thread {thread_id!r} was lost before it reached the storage")
         try:
             result = call(*args, **kwargs)
         except ThreadloomError as error:
-            self.oracle.note(self, op, thread_id, args, error=error)
+            self.oracle.note(self, op, thread_id, noted, error=error)
             raise
-        self.oracle.note(self, op, thread_id, args, result=result)
+        self.oracle.note(self, op, thread_id, noted, result=result)
         if fault == "after":
             self.oracle.probe(f"outcome_unknown_applied.{op}")
             raise OutcomeUnknown(op, f"the reply for thread {thread_id!r} was lost after the storage applied it")
         return result
 
-    # -- the contract -------------------------------------------------------------------------------------------
+    # -- what the simulation does itself ----------------------------------------------------------------------
 
-    def _close(self) -> None:
-        return None
-
-    def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
-        return self._call("claim", thread_id, self.inner.claim, thread_id, request)
-
-    def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
-        return self._call("renew", thread_id, self.inner.renew, thread_id, token, ttl)
-
-    def _release(self, thread_id: str, token: int) -> None:
-        return self._call("release", thread_id, self.inner.release, thread_id, token)
-
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
-        return self._call("commit", thread_id, self.inner.commit, thread_id, commit)
-
-    def _latest(self, thread_id: str) -> StoredCheckpoint | None:
-        return self._call("latest", thread_id, self.inner.latest, thread_id)
-
-    def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
-        return self._call("checkpoint", thread_id, self.inner.checkpoint, thread_id, checkpoint_id)
-
-    def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]:
-        return self._call("history", thread_id, self.inner.history, thread_id, limit=limit, before=before)
-
-    def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
-        return self._call("children", parent, self.inner.children, parent, limit=limit, after=after)
-
-    def _events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
-        return self._call("events_after", thread_id, self.inner.events_after, thread_id, after_seq, limit)
-
-    def _await_events_after(
-        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
+    def await_events_after(
+        self,
+        thread_id: str,
+        after_seq: int,
+        limit: int,
+        timeout: timedelta,
+        *,
+        cancel: threading.Event | None = None,
     ) -> list[EventRecord]:
         """Reads; if nothing is there, yields until the oracle saw a write to the thread, ``cancel`` or
         ``timeout`` (virtual time), and reads again: a store that wakes on commits."""
-        found = self._events_after(thread_id, after_seq, limit)
+        if cancel is not None and cancel.is_set():
+            raise CancelledError("await_events_after")
+        found = self.events_after(thread_id, after_seq, limit)
         if found:
             return found
         version = self.oracle.version(thread_id)
@@ -166,37 +153,14 @@ class SimStore(Checkpointer):
         )
         if cancel is not None and cancel.is_set():
             raise CancelledError("await_events_after")
-        return self._events_after(thread_id, after_seq, limit)
+        return self.events_after(thread_id, after_seq, limit)
 
-    def _compact_events(self, thread_id: str, before_seq: int) -> None:
-        return self._call("compact_events", thread_id, self.inner.compact_events, thread_id, before_seq)
-
-    def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None:
-        def delete(thread: str, held: int, fenced_by: tuple[str, int] | None) -> None:
-            self.inner.delete_thread(thread, held, fence=fenced_by)
-
-        return self._call("delete_thread", thread_id, delete, thread_id, token, fence)
-
-    def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
-        return self._call("effect", thread_id, self.inner.effect, thread_id, key)
-
-    def _lookup_run(self, thread_id: str, run_ids: frozenset[str]) -> Checkpoint | None:
-        return self._call("lookup_run", thread_id, self.inner.lookup_run, thread_id, sorted(run_ids))
-
-    def _prune(self, thread_id: str, policy: RetentionPolicy) -> None:
-        return self._call("prune", thread_id, self.inner.prune, thread_id, policy)
-
-    def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
+    def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
+        """The real sweep, its guard checked by the oracle (which also checks what the page removed)."""
         checking = self.oracle.guard_for(self, guard)
-        page = self._call("sweep", None, self.inner.sweep, policy, checking, after=after)
+        page = self._call("sweep", None, (policy, checking), super()._forward, "sweep", policy, checking, after=after)
         self.oracle.after_sweep(self, page, checking)
         return page
-
-    def _threads(self, query: ThreadQuery) -> ThreadPage:
-        return self._call("threads", None, self.inner.threads, query)
-
-    def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
-        return self._call("incomplete", None, self.inner.incomplete, tenant_id, limit=limit, after=after)
 
 
 class SimQueue(RunQueue):

@@ -11,11 +11,13 @@ import abc
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from threadloom.domain.clock import ManualClock
-from threadloom.persistence.base import OPERATIONS, Checkpointer
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -105,38 +107,105 @@ class MemoryHarness(StoreHarness):
         return store
 
 
-class AlternatingCheckpointer(Checkpointer):
+class AlternatingCheckpointer(ForwardingCheckpointer):
     """Sends each call to the next of several stores over one storage in turn (the "store pair" arrangement).
 
     Used to run the contract suite against two stores at once: every rule must hold whichever store a call
-    reaches. ``close`` closes them all.
+    reaches. Each call is forwarded to that store's public method unchanged (it validates the call); ``close``
+    closes them all, and the closed stores then refuse every call.
     """
 
     def __init__(self, *stores: Checkpointer) -> None:
-        super().__init__()
+        super().__init__(None)
         self._stores = stores
         self._turn = itertools.cycle(range(len(stores)))
         self._lock = threading.Lock()
 
-    def _next(self) -> Checkpointer:
+    def __repr__(self) -> str:
+        return f"AlternatingCheckpointer{self._stores!r}"
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            return self._stores[next(self._turn)]
+            store = self._stores[next(self._turn)]
+        return getattr(store, operation)(*args, **kwargs)
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in OPERATIONS:
-            if object.__getattribute__(self, "_closed"):
-                return getattr(Checkpointer, name).__get__(self)
-            return getattr(object.__getattribute__(self, "_next")(), name)
-        return object.__getattribute__(self, name)
-
-    def _close(self) -> None:
+    def close(self) -> None:
+        super().close()
         for store in self._stores:
             store.close()
 
-    # Every call is forwarded before it reaches these; they exist to satisfy the abstract base.
-    def _unreachable(self, *_args: Any) -> Any:
-        raise AssertionError("AlternatingCheckpointer forwards every call")
 
-    _claim = _renew = _release = _commit = _latest = _checkpoint = _history = _children = _unreachable
-    _events_after = _compact_events = _delete_thread = _effect = _lookup_run = _prune = _unreachable
-    _sweep = _threads = _incomplete = _unreachable
+_wrapping: dict[tuple[Any, ...], type[StoreHarness]] = {}
+
+
+def wrapping_harness(
+    base: type[StoreHarness],
+    wrap: Callable[[StoreHarness, Checkpointer], Checkpointer] = lambda _harness, store: ForwardingCheckpointer(store),
+    *,
+    prefix: str = "forwarding",
+    setup: Callable[[StoreHarness], None] | None = None,
+) -> type[StoreHarness]:
+    """A subclass of ``base`` whose every store (``open``, ``sibling``, ``reopen``) is ``base``'s store wrapped.
+
+    The contract must hold unchanged through a wrapper, so the whole suite runs against it::
+
+        class TestForwardingMemory(CheckpointerContract):
+            harness_class = wrapping_harness(MemoryHarness)
+
+    Args:
+        base: any store harness class (memory, SQLite, PostgreSQL, …); its flags (``database_clock``,
+            ``reopenable``, ``shared``, ``tick``) and its storage handling are inherited unchanged.
+        wrap: builds the wrapper of one store, given the harness instance (default: a bare
+            :class:`~threadloom.persistence.forwarding.ForwardingCheckpointer`).
+        prefix: the start of the class's name and of its ``name`` (``"<prefix>-<base name>"``).
+        setup: runs once on each new harness instance, before any store is opened (e.g. to make a shared meter).
+
+    Returns:
+        The harness class, named ``<Prefix><Base>``; the same class for the same arguments. Its instances have
+        ``inner_stores`` (the unwrapped stores, in the order they were opened) and ``wrapped_stores`` (their
+        wrappers, in the same order). A harness whose sibling is the store itself (memory) gets the same wrapper
+        back too.
+    """
+    key = (base, wrap, prefix, setup)
+    cached = _wrapping.get(key)
+    if cached is not None:
+        return cached
+
+    def __init__(self: Any, *args: object, **kwargs: object) -> None:
+        base.__init__(self, *args, **kwargs)
+        self.inner_stores = []
+        self.wrapped_stores = []
+        if setup is not None:
+            setup(self)
+
+    def _wrap(self: Any, store: Checkpointer) -> Checkpointer:
+        if any(wrapped is store for wrapped in self.wrapped_stores):
+            return store
+        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores):
+            if inner is store:
+                return wrapped
+        wrapped = wrap(self, store)
+        self.inner_stores.append(store)
+        self.wrapped_stores.append(wrapped)
+        return wrapped
+
+    def _open(self: StoreHarness) -> Checkpointer:
+        return _wrap(self, base._open(self))
+
+    def _sibling(self: StoreHarness) -> Checkpointer:
+        return _wrap(self, base._sibling(self))
+
+    cls = type(
+        f"{prefix.title().replace('-', '')}{base.__name__}",
+        (base,),
+        {
+            "__init__": __init__,
+            "__doc__": f"{base.__name__}'s stores, each wrapped ({prefix}).",
+            "__module__": __name__,
+            "name": f"{prefix}-{base.name}",
+            "_open": _open,
+            "_sibling": _sibling,
+        },
+    )
+    _wrapping[key] = cls
+    return cls

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.metrics.meter import InMemoryMeter, Meter
 from threadloom.persistence.metrics.metered import MeteredCheckpointer
-from threadloom.testing.harness import StoreHarness
+from threadloom.testing.harness import StoreHarness, wrapping_harness
 
 _cache: dict[tuple[type[StoreHarness], Callable[[], Meter]], type[StoreHarness]] = {}
 
@@ -39,46 +39,16 @@ def metered_harness(
     """
     key = (base, meter_factory)
     cached = _cache.get(key)
-    if cached is not None:
-        return cached
+    if cached is None:
 
-    def __init__(self: StoreHarness, *args: object, **kwargs: object) -> None:
-        base.__init__(self, *args, **kwargs)
-        self.meter = meter_factory()  # type: ignore[attr-defined]
-        self.inner_stores = []  # type: ignore[attr-defined]
-        self.wrapped_stores = []  # type: ignore[attr-defined]
+        def setup(harness: StoreHarness) -> None:
+            harness.meter = meter_factory()  # type: ignore[attr-defined]
 
-    def _wrap(self: StoreHarness, store: Checkpointer) -> Checkpointer:
-        if isinstance(store, MeteredCheckpointer):
-            return store
-        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores):  # type: ignore[attr-defined]
-            if inner is store:  # a harness whose sibling is the store itself (memory): one wrapper too
-                return wrapped
-        self.inner_stores.append(store)  # type: ignore[attr-defined]
-        wrapped = MeteredCheckpointer(store, self.meter)  # type: ignore[attr-defined]
-        self.wrapped_stores.append(wrapped)  # type: ignore[attr-defined]
-        return wrapped
+        def wrap(harness: StoreHarness, store: Checkpointer) -> Checkpointer:
+            return MeteredCheckpointer(store, harness.meter)  # type: ignore[attr-defined]
 
-    def _open(self: StoreHarness) -> Checkpointer:
-        return _wrap(self, base._open(self))
-
-    def _sibling(self: StoreHarness) -> Checkpointer:
-        return _wrap(self, base._sibling(self))
-
-    cls = type(
-        f"Metered{base.__name__}",
-        (base,),
-        {
-            "__init__": __init__,
-            "__doc__": f"{base.__name__}'s stores, each wrapped in a MeteredCheckpointer sharing one meter.",
-            "__module__": __name__,
-            "name": f"metered-{base.name}",
-            "_open": _open,
-            "_sibling": _sibling,
-        },
-    )
-    _cache[key] = cls
-    return cls
+        cached = _cache[key] = wrapping_harness(base, wrap, prefix="metered", setup=setup)
+    return cached
 
 
 __all__ = ["metered_harness"]

@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import AlternatingCheckpointer, StoreHarness
 
@@ -58,83 +59,28 @@ class SqlitePairHarness(SqliteHarness):
         return AlternatingCheckpointer(self.open_sqlite(), self.open_sqlite())
 
 
-class ReopeningCheckpointer(Checkpointer):
+class ReopeningCheckpointer(ForwardingCheckpointer):
     """Opens a fresh store for every call and closes it once the call returns.
 
     Args:
         opener: builds a store over the storage under test (called once per call).
 
-    The public methods validate and check closed as every store does, then run the call on a new store; so a
-    test passes only if everything the contract promises is kept in the storage itself.
+    Each call goes to the new store's public method unchanged (it validates the call), so a test passes only if
+    everything the contract promises is kept in the storage itself. Once this wrapper is closed, every call
+    raises ``StoreClosed`` without opening a store.
     """
 
     def __init__(self, opener: Callable[[], Checkpointer]) -> None:
-        super().__init__()
+        super().__init__(None)
         self._opener = opener
 
-    def _run(self, name: str, *args: Any) -> Any:
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        self._ensure_open(operation)
         store = self._opener()
         try:
-            return getattr(store, name)(*args)
+            return getattr(store, operation)(*args, **kwargs)
         finally:
             store.close()
-
-    def _claim(self, *args: Any) -> Any:
-        return self._run("_claim", *args)
-
-    def _renew(self, *args: Any) -> Any:
-        return self._run("_renew", *args)
-
-    def _release(self, *args: Any) -> Any:
-        return self._run("_release", *args)
-
-    def _commit(self, *args: Any) -> Any:
-        return self._run("_commit", *args)
-
-    def _latest(self, *args: Any) -> Any:
-        return self._run("_latest", *args)
-
-    def _checkpoint(self, *args: Any) -> Any:
-        return self._run("_checkpoint", *args)
-
-    def _history(self, *args: Any) -> Any:
-        return self._run("_history", *args)
-
-    def _children(self, *args: Any) -> Any:
-        return self._run("_children", *args)
-
-    def _events_after(self, *args: Any) -> Any:
-        return self._run("_events_after", *args)
-
-    def _await_events_after(self, *args: Any) -> Any:
-        return self._run("_await_events_after", *args)
-
-    def _compact_events(self, *args: Any) -> Any:
-        return self._run("_compact_events", *args)
-
-    def _delete_thread(self, *args: Any) -> Any:
-        return self._run("_delete_thread", *args)
-
-    def _effect(self, *args: Any) -> Any:
-        return self._run("_effect", *args)
-
-    def _lookup_run(self, *args: Any) -> Any:
-        return self._run("_lookup_run", *args)
-
-    def _prune(self, *args: Any) -> Any:
-        return self._run("_prune", *args)
-
-    def _sweep(self, *args: Any) -> Any:
-        return self._run("_sweep", *args)
-
-    def _threads(self, *args: Any) -> Any:
-        return self._run("_threads", *args)
-
-    def _incomplete(self, *args: Any) -> Any:
-        return self._run("_incomplete", *args)
-
-    def _close(self) -> None:
-        return None
 
 
 class SqliteReopeningHarness(SqliteHarness):

@@ -16,8 +16,11 @@ from click.testing import CliRunner
 
 from threadloom.cli.main import cli
 from threadloom.domain.errors import ValidationError
+from threadloom.persistence import base
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
 from threadloom.simulations.cli import run_seeds
+from threadloom.simulations.planted import PlantedMemoryStore
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
 from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, SimTaskError, World
@@ -129,6 +132,22 @@ def test_each_planted_bug_is_caught_within_a_thousand_seeds(bug):
     assert config.command(caught.seed) == f"threadloom simulate --seed {caught.seed} --plant {bug}"
 
 
+def test_a_seed_that_plants_bugs_runs_over_the_planted_store_and_a_clean_seed_over_the_reference(monkeypatch):
+    built: list[type] = []
+    real_init = InMemoryCheckpointer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        built.append(type(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(InMemoryCheckpointer, "__init__", recording_init)
+    simulate_seed(3, SimConfig(plant=frozenset(["sweep_unguarded"])))
+    assert built == [PlantedMemoryStore]
+    built.clear()
+    simulate_seed(3)
+    assert built == [InMemoryCheckpointer]
+
+
 def test_planted_bugs_need_the_memory_store():
     with pytest.raises(ValidationError, match="plant"):
         SimConfig(store="sqlite", plant=frozenset(["commit_unfenced"]))
@@ -144,6 +163,30 @@ def test_regression_seeds_keep_their_verdicts(kept):
         assert not result.ok, f"seed {kept.seed} no longer catches {kept.plant}"
     else:
         assert result.ok, (result.invariant, result.detail)
+
+
+# -- the simulated store ---------------------------------------------------------------------------------------------
+
+
+def test_the_simulated_store_validates_nothing_itself(monkeypatch):
+    """Each commit is checked once, by the real store: never by the simulated store in front of it (seed 6 also
+    loses several commits before they reach the store, which the simulated store then never checks)."""
+    counts = Counter()
+    real_check, real_commit = base.check_commit, InMemoryCheckpointer._commit
+
+    def check(*args):
+        counts["checked"] += 1
+        return real_check(*args)
+
+    def commit(self, *args):
+        counts["applied"] += 1
+        return real_commit(self, *args)
+
+    monkeypatch.setattr(base, "check_commit", check)
+    monkeypatch.setattr(InMemoryCheckpointer, "_commit", commit)
+    result = simulate_seed(6)
+    assert result.ok and result.probes["outcome_unknown_not_applied.commit"] > 0
+    assert counts["applied"] > 0 and counts["checked"] == counts["applied"]
 
 
 # -- the world ------------------------------------------------------------------------------------------------------------

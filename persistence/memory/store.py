@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import attrs
@@ -42,7 +43,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence.base import Checkpointer, ask_guard
+from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.memory.queue import InMemoryRunQueue
@@ -89,7 +90,7 @@ class _Thread:
         return not (self.history or self.pending or self.events or self.effects or self.metadata or self.claim)
 
 
-class InMemoryCheckpointer(Checkpointer):
+class InMemoryCheckpointer(StoreBase):
     """The store contract in one process's memory (DESIGN §3): the reference every other store matches.
 
     Args:
@@ -108,9 +109,6 @@ class InMemoryCheckpointer(Checkpointer):
         self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
         self.queue = InMemoryRunQueue(self)
         """The store's run queue (DESIGN §4): shares this lock; its open entries' runs survive retention."""
-        self._planted: frozenset[str] = frozenset()
-        """Test-only: the deliberate bugs the simulation's own tests plant (``simulations/planted.py``); empty
-        in every store a user makes."""
 
     def __repr__(self) -> str:
         return f"InMemoryCheckpointer(clock={self._clock!r})"
@@ -157,6 +155,26 @@ class InMemoryCheckpointer(Checkpointer):
     def _latest_id(row: _Thread | None) -> str | None:
         return row.history[-1].row.id if row is not None and row.history else None
 
+    # Decisions a subclass may override (each runs with the lock held): who may renew, who may commit, where a
+    # deleted thread's next incarnation numbers from, which runs a sweep keeps.
+
+    def _renewing(self, thread_id: str, token: int) -> _Thread:
+        """The row whose claim ``renew`` extends: ``StaleClaim`` unless ``token`` is its current claim."""
+        return self._check_token(thread_id, token)
+
+    def _committing(self, thread_id: str, commit: EncodedCommit) -> tuple[_Thread | None, int | None]:
+        """The row ``commit`` writes to (None for a thread never stored) and the claim token its check compares
+        the commit's token with (rule 3, in :func:`threadloom.domain.rules.check_commit`)."""
+        return self._rows.get(thread_id), self._current(thread_id)
+
+    def _next_incarnation(self, row: _Thread) -> int | None:
+        """Where a deleted thread's next incarnation numbers from (None: the numbering does not move)."""
+        return rules.tombstone_next_seq(first_seq=row.first_seq, next_seq=row.next_seq)
+
+    def _kept_runs(self, thread_id: str, protected: Mapping[str, frozenset[str]]) -> frozenset[str]:
+        """The runs whose newest checkpoint a sweep keeps on the thread: the guard's and the open entries'."""
+        return protected.get(thread_id, frozenset()) | self.queue.protected_runs(thread_id)
+
     # -- claims ----------------------------------------------------------------------------------------------------
 
     def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
@@ -185,12 +203,7 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
         with self._lock:
-            if "renew_unfenced" in self._planted and self._rows.get(thread_id) is not None:
-                row = self._rows[thread_id]  # planted bug: any token renews the thread's claim
-                if row.claim is None:
-                    raise StaleClaim(thread_id, token, None)
-            else:
-                row = self._check_token(thread_id, token)
+            row = self._renewing(thread_id, token)
             claim = row.claim
             assert claim is not None
             claim.expires_at = read_clock(self._clock) + ttl
@@ -213,15 +226,7 @@ class InMemoryCheckpointer(Checkpointer):
 
     def _commit(self, thread_id: str, commit: EncodedCommit) -> list[EventRecord]:
         with self._lock:
-            if "effect_unfenced" in self._planted and thread_id in self._rows:
-                for effect in commit.effects:  # planted bug: effects recorded before (outside) the fence
-                    self._rows[thread_id].effects.setdefault(effect.key, effect.text)
-            if "commit_unfenced" in self._planted:
-                row = self._row(thread_id)  # planted bug: no token check
-                current = commit.token
-            else:
-                row = self._rows.get(thread_id)
-                current = self._current(thread_id)
+            row, current = self._committing(thread_id, commit)
             cp = commit.checkpoint
             keep = len(row.history) if row is not None else 0
             if commit.retract_turn and cp is not None and row is not None:
@@ -380,9 +385,7 @@ class InMemoryCheckpointer(Checkpointer):
         with self._lock:
             row = self._check_token(thread_id, token)
             self._check_fence(fence)
-            start = rules.tombstone_next_seq(first_seq=row.first_seq, next_seq=row.next_seq)
-            if "seq_reuse_after_delete" in self._planted and start is not None:
-                start = 1  # planted bug: the next incarnation numbers from 1 again
+            start = self._next_incarnation(row)
             if start is not None:
                 row.first_seq = row.next_seq = row.floor = start
             row.history, row.pending, row.events = [], [], []
@@ -446,7 +449,6 @@ class InMemoryCheckpointer(Checkpointer):
             ids = sorted(thread_id for thread_id in self._rows if after is None or thread_id > after)
         page = tuple(ids[: policy.batch_size])
         protected = ask_guard(guard, page)  # outside the lock: the guard is user code
-        unguarded = "sweep_unguarded" in self._planted  # planted bug: the guard's answer is ignored
         pruned, reclaimed = [], []
         with self._lock:
             now = read_clock(self._clock)
@@ -454,9 +456,7 @@ class InMemoryCheckpointer(Checkpointer):
                 row = self._rows.get(thread_id)
                 if row is None:
                     continue
-                runs = protected.get(thread_id, frozenset()) | self.queue.protected_runs(thread_id)
-                if unguarded:
-                    runs = frozenset()
+                runs = self._kept_runs(thread_id, protected)
                 if self._prune_row(row, policy.retention, now, runs):
                     pruned.append(thread_id)
                 if (

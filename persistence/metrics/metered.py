@@ -50,36 +50,19 @@ first such failure is logged (``metrics.failed``) and every one is counted in
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from datetime import timedelta
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any, TypeVar
+from typing import Any
 
 from threadloom.persistence.logs import get_logger as _safe_logger
 
 from threadloom.domain.errors import CancelledError, StaleClaim, ThreadBusy, ValidationError
-from threadloom.domain.values import (
-    Checkpoint,
-    ClaimRequest,
-    Commit,
-    EffectRecord,
-    EventRecord,
-    RetentionPolicy,
-    RunClaim,
-    StoredCheckpoint,
-    SweepGuard,
-    SweepPage,
-    SweepPolicy,
-    ThreadCursor,
-    ThreadPage,
-    ThreadQuery,
-)
+from threadloom.domain.values import EventRecord, RunClaim, SweepPage
 from threadloom.persistence.base import OPERATIONS, Checkpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.metrics.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
 
 _log = _safe_logger("threadloom.metrics")
-
-_T = TypeVar("_T")
 
 CALLS = "threadloom_store_calls_total"
 ERRORS = "threadloom_store_errors_total"
@@ -152,24 +135,27 @@ def _check_meter(meter: Any) -> Meter:
 
 
 class _Op:
-    """One store method's bound series: ``record(seconds)`` counts a call and observes its latency."""
+    """One store method's bound series: ``record(seconds)`` counts a call and observes its latency; ``after``
+    records what a successful call's result tells (claim outcome, events committed, sweep page, wait outcome)."""
 
-    __slots__ = ("name", "record")
+    __slots__ = ("after", "name", "record")
 
     def __init__(self, meter: Meter, name: str) -> None:
         self.name = name
         # A duck-typed meter may have only counter() and histogram(): Meter.timer composes those.
         timer = meter.timer if callable(getattr(meter, "timer", None)) else Meter.timer.__get__(meter)
         self.record = timer(CALLS, LATENCY, _OP[name]).record
+        self.after: Callable[[Any], None] | None = None
 
 
-class MeteredCheckpointer(Checkpointer):
+class MeteredCheckpointer(ForwardingCheckpointer):
     """Another store, with every call metered (seeds 000 ``MeteredCheckpointer``; DESIGN §3 "Stores").
 
     Each public method calls the inner store's public method of the same name with the same arguments and
-    returns its result or raises its error unchanged; the metrics of the module docstring are recorded around
-    it. :meth:`await_events_after` is the inner store's own, so a store that wakes on commits still wakes when
-    wrapped. Safe to call from any number of threads, as the inner store is. Closing it closes the inner store.
+    returns its result or raises its error unchanged (the inner store validates the call; the wrapper does not);
+    the metrics of the module docstring are recorded around it. :meth:`await_events_after` is the inner store's
+    own, so a store that wakes on commits still wakes when wrapped. Safe to call from any number of threads, as
+    the inner store is. Closing it closes the inner store; :attr:`queue` is the inner store's (not metered).
 
     Args:
         inner: the store to meter. The wrapper owns it from now on: :meth:`close` closes it.
@@ -182,10 +168,9 @@ class MeteredCheckpointer(Checkpointer):
     """
 
     def __init__(self, inner: Checkpointer, meter: Meter | None = None) -> None:
-        super().__init__()
-        if not isinstance(inner, Checkpointer):
+        if not isinstance(inner, Checkpointer):  # a wrapper that meters nothing would be no use
             raise ValidationError("inner", (f"must be a Checkpointer, got {type(inner).__name__}",))
-        self._inner = inner
+        super().__init__(inner)
         self._meter = InMemoryMeter() if meter is None else _check_meter(meter)
         describe = getattr(self._meter, "describe", None)
         if callable(describe):
@@ -195,8 +180,7 @@ class MeteredCheckpointer(Checkpointer):
         self._failures_lock = threading.Lock()
         # Every series is bound once, here: the hot path then only calls add/observe on it.
         meter = self._meter
-        for op in OPERATIONS:  # self._op_commit, self._op_events_after, …
-            setattr(self, f"_op_{op}", _Op(meter, op))
+        self._ops: dict[str, _Op] = {op: _Op(meter, op) for op in OPERATIONS}
         self._granted = meter.counter(CLAIMS, _GRANTED)
         self._taken_over = meter.counter(CLAIMS, _TAKEN_OVER)
         self._busy = meter.counter(CLAIMS, _BUSY)
@@ -210,6 +194,10 @@ class MeteredCheckpointer(Checkpointer):
         self._timed_out = meter.counter(WAITS, _TIMED_OUT)
         self._cancelled = meter.counter(WAITS, _CANCELLED)
         self._errors: dict[tuple[str, str], BoundCounter] = {}  # (op, error class) -> series, bound on first use
+        self._ops["claim"].after = self._claimed
+        self._ops["commit"].after = self._committed
+        self._ops["await_events_after"].after = self._waited
+        self._ops["sweep"].after = self._swept
 
     def __repr__(self) -> str:
         return f"MeteredCheckpointer({self._inner!r}, meter={self._meter!r})"
@@ -217,7 +205,7 @@ class MeteredCheckpointer(Checkpointer):
     @property
     def inner(self) -> Checkpointer:
         """The store every call is delegated to."""
-        return self._inner
+        return self._inner  # type: ignore[return-value]
 
     @property
     def meter(self) -> Meter:
@@ -225,25 +213,29 @@ class MeteredCheckpointer(Checkpointer):
         return self._meter
 
     @property
-    def queue(self) -> Any:
-        """The inner store's run queue (DESIGN §4; ``store.queue``), so a runtime can serve a wrapped store.
-
-        Its calls are not metered. ``AttributeError`` when the inner store has no queue.
-        """
-        return self._inner.queue
-
-    @property
     def meter_failures(self) -> int:
         """How many times recording into the meter raised (each ignored; the first one logged)."""
         return self._failures
 
-    @property
-    def closed(self) -> bool:
-        """True once this wrapper or its inner store was closed."""
-        return self._closed or self._inner.closed
+    # -- the call --------------------------------------------------------------------------------------------------
 
-    def _close(self) -> None:
-        self._inner.close()
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """The inner store's ``operation``, timed and counted (see the module docstring for what is recorded)."""
+        op = self._ops[operation]
+        start = perf_counter()
+        try:
+            result = super()._forward(operation, *args, **kwargs)
+        except BaseException as error:
+            self._failed(op, start, error)
+            raise
+        elapsed = perf_counter() - start
+        try:
+            op.record(elapsed)
+        except Exception as failure:  # a meter must never change a call's outcome
+            self._meter_failed(failure)
+        if op.after is not None:
+            op.after(result)
+        return result
 
     # -- recording -------------------------------------------------------------------------------------------------
 
@@ -272,15 +264,8 @@ class MeteredCheckpointer(Checkpointer):
                 self._stale.add(1)
             elif isinstance(error, ThreadBusy):
                 self._busy.add(1)
-            elif isinstance(error, CancelledError) and op is self._op_await_events_after:
+            elif isinstance(error, CancelledError) and op.name == "await_events_after":
                 self._cancelled.add(1)
-        except Exception as failure:  # a meter must never change a call's outcome
-            self._meter_failed(failure)
-
-    def _done(self, op: _Op, start: float) -> None:
-        elapsed = perf_counter() - start
-        try:
-            op.record(elapsed)
         except Exception as failure:  # a meter must never change a call's outcome
             self._meter_failed(failure)
 
@@ -290,126 +275,17 @@ class MeteredCheckpointer(Checkpointer):
         except Exception as failure:  # a meter must never change a call's outcome
             self._meter_failed(failure)
 
-    def _call(self, op: _Op, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        start = perf_counter()
-        try:
-            result = method(*args, **kwargs)
-        except BaseException as error:
-            self._failed(op, start, error)
-            raise
-        self._done(op, start)
-        return result
-
-    # -- claims ----------------------------------------------------------------------------------------------------
-
-    def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
-        """The inner store's :meth:`~Checkpointer.claim`, metered (outcome ``granted``, ``taken_over``, ``busy``)."""
-        claim = self._call(self._op_claim, self._inner.claim, thread_id, request)
+    def _claimed(self, claim: RunClaim) -> None:
         self._extra(self._granted if claim.taken_over_from is None else self._taken_over)
-        return claim
 
-    def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
-        """The inner store's :meth:`~Checkpointer.renew`, metered (a ``StaleClaim`` counts as outcome ``stale``)."""
-        return self._call(self._op_renew, self._inner.renew, thread_id, token, ttl)
+    def _committed(self, records: list[EventRecord]) -> None:
+        if records:
+            self._extra(self._events_committed, len(records))
 
-    def release(self, thread_id: str, token: int) -> None:
-        """The inner store's :meth:`~Checkpointer.release`, metered."""
-        self._call(self._op_release, self._inner.release, thread_id, token)
-
-    # -- commits ---------------------------------------------------------------------------------------------------
-
-    def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
-        """The inner store's :meth:`~Checkpointer.commit`, metered; its events add to ``events_committed``."""
-        op = self._op_commit  # the hot path, written out: no generic call, one try around the recording
-        start = perf_counter()
-        try:
-            records = self._inner.commit(thread_id, commit)
-        except BaseException as error:
-            self._failed(op, start, error)
-            raise
-        elapsed = perf_counter() - start
-        try:
-            op.record(elapsed)
-            if records:
-                self._events_committed.add(len(records))
-        except Exception as failure:  # a meter must never change a call's outcome
-            self._meter_failed(failure)
-        return records
-
-    # -- reads -----------------------------------------------------------------------------------------------------
-
-    def latest(self, thread_id: str) -> StoredCheckpoint | None:
-        """The inner store's :meth:`~Checkpointer.latest`, metered."""
-        return self._call(self._op_latest, self._inner.latest, thread_id)
-
-    def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
-        """The inner store's :meth:`~Checkpointer.checkpoint`, metered."""
-        return self._call(self._op_checkpoint, self._inner.checkpoint, thread_id, checkpoint_id)
-
-    def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
-        """The inner store's :meth:`~Checkpointer.history` (newest first), metered."""
-        return self._call(self._op_history, self._inner.history, thread_id, limit=limit, before=before)
-
-    def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
-        """The inner store's :meth:`~Checkpointer.children` (oldest first), metered."""
-        return self._call(self._op_children, self._inner.children, parent, limit=limit, after=after)
-
-    def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
-        """The inner store's :meth:`~Checkpointer.events_after` (ascending), metered."""
-        return self._call(self._op_events_after, self._inner.events_after, thread_id, after_seq, limit)
-
-    def await_events_after(
-        self,
-        thread_id: str,
-        after_seq: int,
-        limit: int,
-        timeout: timedelta,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> list[EventRecord]:
-        """The inner store's own :meth:`~Checkpointer.await_events_after`, metered (DESIGN §3 rule 11).
-
-        The inner store's override runs, so a store that wakes on commits (memory, PostgreSQL) still returns as
-        soon as one lands. The wait ends ``woken`` (events returned), ``timed_out`` (``[]``) or ``cancelled``
-        (``CancelledError``); its latency includes the wait.
-        """
-        found = self._call(
-            self._op_await_events_after,
-            self._inner.await_events_after,
-            thread_id,
-            after_seq,
-            limit,
-            timeout,
-            cancel=cancel,
-        )
+    def _waited(self, found: list[EventRecord]) -> None:
         self._extra(self._woken if found else self._timed_out)
-        return found
 
-    def compact_events(self, thread_id: str, before_seq: int) -> None:
-        """The inner store's :meth:`~Checkpointer.compact_events`, metered."""
-        self._call(self._op_compact_events, self._inner.compact_events, thread_id, before_seq)
-
-    def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
-        """The inner store's :meth:`~Checkpointer.delete_thread`, metered."""
-        self._call(self._op_delete_thread, self._inner.delete_thread, thread_id, token, fence=fence)
-
-    def effect(self, thread_id: str, key: str) -> EffectRecord | None:
-        """The inner store's :meth:`~Checkpointer.effect`, metered."""
-        return self._call(self._op_effect, self._inner.effect, thread_id, key)
-
-    def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
-        """The inner store's :meth:`~Checkpointer.lookup_run`, metered."""
-        return self._call(self._op_lookup_run, self._inner.lookup_run, thread_id, run_ids)
-
-    # -- retention -------------------------------------------------------------------------------------------------
-
-    def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
-        """The inner store's :meth:`~Checkpointer.prune`, metered."""
-        self._call(self._op_prune, self._inner.prune, thread_id, policy)
-
-    def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
-        """The inner store's :meth:`~Checkpointer.sweep`, metered: one page, its visited, pruned and reclaimed."""
-        page = self._call(self._op_sweep, self._inner.sweep, policy, guard, after=after)
+    def _swept(self, page: SweepPage) -> None:
         self._extra(self._sweep_pages)
         if page.visited:
             self._extra(self._sweep_visited, len(page.visited))
@@ -417,77 +293,6 @@ class MeteredCheckpointer(Checkpointer):
             self._extra(self._sweep_pruned, len(page.pruned))
         if page.reclaimed:
             self._extra(self._sweep_reclaimed, len(page.reclaimed))
-        return page
-
-    # -- registry --------------------------------------------------------------------------------------------------
-
-    def threads(self, query: ThreadQuery) -> ThreadPage:
-        """The inner store's :meth:`~Checkpointer.threads`, metered."""
-        return self._call(self._op_threads, self._inner.threads, query)
-
-    def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
-        """The inner store's :meth:`~Checkpointer.incomplete`, metered."""
-        return self._call(self._op_incomplete, self._inner.incomplete, tenant_id, limit=limit, after=after)
-
-    # -- the abstract implementation hooks ---------------------------------------------------------------------------
-    # Every public method above goes to the inner store's public method, so these are reached only by code that
-    # calls a store's private hooks directly; they forward to the inner store's hooks, unmetered.
-
-    def _claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
-        return self._inner._claim(thread_id, request)
-
-    def _renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
-        return self._inner._renew(thread_id, token, ttl)
-
-    def _release(self, thread_id: str, token: int) -> None:
-        self._inner._release(thread_id, token)
-
-    def _commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
-        return self._inner._commit(thread_id, commit)
-
-    def _latest(self, thread_id: str) -> StoredCheckpoint | None:
-        return self._inner._latest(thread_id)
-
-    def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
-        return self._inner._checkpoint(thread_id, checkpoint_id)
-
-    def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]:
-        return self._inner._history(thread_id, limit, before)
-
-    def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
-        return self._inner._children(parent, limit, after)
-
-    def _events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
-        return self._inner._events_after(thread_id, after_seq, limit)
-
-    def _await_events_after(
-        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
-    ) -> list[EventRecord]:
-        return self._inner._await_events_after(thread_id, after_seq, limit, timeout, cancel)
-
-    def _compact_events(self, thread_id: str, before_seq: int) -> None:
-        self._inner._compact_events(thread_id, before_seq)
-
-    def _delete_thread(self, thread_id: str, token: int, fence: tuple[str, int] | None) -> None:
-        self._inner._delete_thread(thread_id, token, fence)
-
-    def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
-        return self._inner._effect(thread_id, key)
-
-    def _lookup_run(self, thread_id: str, run_ids: frozenset[str]) -> Checkpoint | None:
-        return self._inner._lookup_run(thread_id, run_ids)
-
-    def _prune(self, thread_id: str, policy: RetentionPolicy) -> None:
-        self._inner._prune(thread_id, policy)
-
-    def _sweep(self, policy: SweepPolicy, guard: SweepGuard | None, after: str | None) -> SweepPage:
-        return self._inner._sweep(policy, guard, after)
-
-    def _threads(self, query: ThreadQuery) -> ThreadPage:
-        return self._inner._threads(query)
-
-    def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
-        return self._inner._incomplete(tenant_id, limit, after)
 
 
 __all__ = ["OPERATIONS", "STORE_METRICS", "MeteredCheckpointer"]

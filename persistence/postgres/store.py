@@ -90,8 +90,8 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -657,7 +657,7 @@ def _scrub_all(secrets: tuple[str, ...], text: str) -> str:
     return text
 
 
-class PostgresCheckpointer(Checkpointer):
+class PostgresCheckpointer(StoreBase):
     """The store contract in a PostgreSQL schema, shared by every store over it (seeds 003; DESIGN §3).
 
     Build it with :meth:`open` (a pool of its own) or :meth:`create` (the caller's pool); safe to call from any

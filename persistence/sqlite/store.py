@@ -77,8 +77,8 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.clock import SystemClock
 from threadloom.persistence.sqlite.queue import QUEUE_MIGRATION, SqliteRunQueue, open_runs_in
 
@@ -393,7 +393,7 @@ def _file_lock(path: str) -> threading.Lock:
 _OPENING = object()
 
 
-class SqliteCheckpointer(Checkpointer):
+class SqliteCheckpointer(StoreBase):
     """The store contract in one SQLite file (DESIGN §3 "Stores"); build it with :meth:`open`.
 
     Safe to call from any number of threads (each read takes a pooled connection of its own; writes share

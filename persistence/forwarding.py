@@ -1,0 +1,182 @@
+"""``ForwardingCheckpointer``: the base of every wrapper around a store (metered, simulated, test arrangements).
+
+A wrapper is a :class:`~threadloom.persistence.base.Checkpointer` that hands every call on to another store's
+*public* method: that store validates the arguments and checks that it is open, so a call through any number of
+wrappers is validated once, by the store at the end, and its own :meth:`await_events_after` (the one that wakes
+on commits) runs unchanged. A wrapper never implements a store's ``_``-prefixed methods; it customises one
+seam, :meth:`ForwardingCheckpointer._forward`, or overrides a public method of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from threadloom.domain.errors import StoreClosed, ValidationError
+from threadloom.domain.values import (
+    Checkpoint,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventRecord,
+    RetentionPolicy,
+    RunClaim,
+    StoredCheckpoint,
+    SweepGuard,
+    SweepPage,
+    SweepPolicy,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+)
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.queue import RunQueue
+
+
+class ForwardingCheckpointer(Checkpointer):
+    """A store that forwards every call to another store: subclass it to act around each call.
+
+    Every method of the contract (:data:`~threadloom.persistence.base.OPERATIONS`) calls
+    :meth:`_forward` with the operation's name and the caller's arguments unchanged; the default calls the
+    method of that name on :attr:`inner` and returns its result or raises its error unchanged. Nothing is
+    validated here: the inner store does it, once. Thread safety is the inner store's.
+
+    Closing the wrapper closes the inner store (the wrapper owns it); :attr:`closed` is True once either was
+    closed, and the closed inner store then refuses every call with ``StoreClosed``. :attr:`queue` is the
+    inner store's run queue.
+
+    Args:
+        inner: the store every call goes to, or None for a wrapper whose :meth:`_forward` picks a store per
+            call (such a wrapper refuses calls itself once closed, with :meth:`_ensure_open`).
+
+    Raises:
+        ValidationError: ``inner`` is neither a ``Checkpointer`` nor None.
+    """
+
+    def __init__(self, inner: Checkpointer | None) -> None:
+        if inner is not None and not isinstance(inner, Checkpointer):
+            raise ValidationError("inner", (f"must be a Checkpointer, got {type(inner).__name__}",))
+        self._inner = inner
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._inner!r})"
+
+    @property
+    def inner(self) -> Checkpointer | None:
+        """The store calls are forwarded to (None when the wrapper picks one per call)."""
+        return self._inner
+
+    # -- the seam ------------------------------------------------------------------------------------------------
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """Runs one call of the contract: ``operation`` (a name in ``OPERATIONS``) with the caller's arguments.
+
+        The one place a wrapper customises: override it to act around every call (call
+        ``super()._forward(operation, *args, **kwargs)`` in the middle) or to send the call to another store.
+        ``args`` and ``kwargs`` are exactly what the public method received (keyword-only parameters as
+        keywords). Runs on the caller's thread.
+
+        Returns:
+            The inner store's result, unchanged.
+
+        Raises:
+            Whatever the inner store raises, unchanged.
+        """
+        return getattr(self._inner, operation)(*args, **kwargs)
+
+    def _ensure_open(self, operation: str) -> None:
+        """Raises ``StoreClosed`` for ``operation`` once this wrapper was closed."""
+        if self._closed:
+            raise StoreClosed(operation, "the store is closed; open a new one")
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once this wrapper or its inner store was closed."""
+        return self._closed or (self._inner is not None and self._inner.closed)
+
+    def close(self) -> None:
+        """Closes the wrapper and its inner store; closing twice does nothing."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._inner is not None:
+            self._inner.close()
+
+    @property
+    def queue(self) -> RunQueue | None:  # type: ignore[override]
+        """The inner store's run queue (its calls are not forwarded through this wrapper); None without one."""
+        return self._inner.queue if self._inner is not None else None
+
+    # -- the contract ----------------------------------------------------------------------------------------------
+
+    def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
+        return self._forward("claim", thread_id, request)
+
+    def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
+        return self._forward("renew", thread_id, token, ttl)
+
+    def release(self, thread_id: str, token: int) -> None:
+        return self._forward("release", thread_id, token)
+
+    def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
+        return self._forward("commit", thread_id, commit)
+
+    def latest(self, thread_id: str) -> StoredCheckpoint | None:
+        return self._forward("latest", thread_id)
+
+    def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
+        return self._forward("checkpoint", thread_id, checkpoint_id)
+
+    def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
+        return self._forward("history", thread_id, limit=limit, before=before)
+
+    def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
+        return self._forward("children", parent, limit=limit, after=after)
+
+    def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
+        return self._forward("events_after", thread_id, after_seq, limit)
+
+    def await_events_after(
+        self,
+        thread_id: str,
+        after_seq: int,
+        limit: int,
+        timeout: timedelta,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> list[EventRecord]:
+        return self._forward("await_events_after", thread_id, after_seq, limit, timeout, cancel=cancel)
+
+    def compact_events(self, thread_id: str, before_seq: int) -> None:
+        return self._forward("compact_events", thread_id, before_seq)
+
+    def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
+        return self._forward("delete_thread", thread_id, token, fence=fence)
+
+    def effect(self, thread_id: str, key: str) -> EffectRecord | None:
+        return self._forward("effect", thread_id, key)
+
+    def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
+        return self._forward("lookup_run", thread_id, run_ids)
+
+    def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
+        return self._forward("prune", thread_id, policy)
+
+    def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
+        return self._forward("sweep", policy, guard, after=after)
+
+    def threads(self, query: ThreadQuery) -> ThreadPage:
+        return self._forward("threads", query)
+
+    def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
+        return self._forward("incomplete", tenant_id, limit=limit, after=after)
+
+
+__all__ = ["ForwardingCheckpointer"]

@@ -1,0 +1,85 @@
+"""Planted bugs: an in-memory store with deliberate bugs the simulation must catch (test-only).
+
+The simulation's own tests run seeds over :class:`PlantedMemoryStore` to prove its checkers work: every bug in
+:data:`PLANTED_BUGS` must make some seed fail (``threadloom simulate --plant BUG``). The reference store,
+:class:`~threadloom.persistence.memory.store.InMemoryCheckpointer`, holds none of this: the bugs live in this
+subclass only, each in one of the reference store's overridable decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from threadloom.domain.clock import Clock
+from threadloom.domain.errors import StaleClaim, ValidationError
+from threadloom.domain.values import Commit
+from threadloom.persistence import codec
+from threadloom.persistence.encoded import EncodedCommit
+from threadloom.persistence.memory.store import InMemoryCheckpointer
+
+if TYPE_CHECKING:
+    from threadloom.persistence.memory.store import _Thread
+
+PLANTED_BUGS: tuple[str, ...] = (
+    "commit_unfenced",
+    "renew_unfenced",
+    "effect_unfenced",
+    "sweep_unguarded",
+    "seq_reuse_after_delete",
+)
+"""The bugs a simulation can plant: a commit that does not check its token; a renew that does not check its
+token; effect records written before (outside) the fenced commit; a sweep that ignores its guard and the run
+queue; event numbers that start again from 1 after a delete."""
+
+
+class PlantedMemoryStore(InMemoryCheckpointer):
+    """The in-memory store with the planted ``bugs`` switched on (test-only; never for real data).
+
+    Args:
+        clock: the store's clock, as for :class:`InMemoryCheckpointer`.
+        bugs: the bugs to plant, each a name in :data:`PLANTED_BUGS` (none: it behaves as the reference).
+
+    Raises:
+        ValidationError: ``bugs`` names an unknown bug.
+    """
+
+    def __init__(self, clock: Clock | None, bugs: Iterable[str]) -> None:
+        super().__init__(clock)
+        self.bugs = frozenset(bugs)
+        unknown = sorted(self.bugs - set(PLANTED_BUGS))
+        if unknown:
+            raise ValidationError("bugs", (f"unknown planted bug {unknown[0]!r}; known: {', '.join(PLANTED_BUGS)}",))
+
+    def __repr__(self) -> str:
+        return f"PlantedMemoryStore(clock={self._clock!r}, bugs={sorted(self.bugs)!r})"
+
+    def _renewing(self, thread_id: str, token: int) -> _Thread:
+        row = self._rows.get(thread_id)
+        if "renew_unfenced" in self.bugs and row is not None:
+            if row.claim is None:
+                raise StaleClaim(thread_id, token, None)
+            return row  # the bug: any token renews the thread's claim
+        return super()._renewing(thread_id, token)
+
+    def _committing(self, thread_id: str, commit: EncodedCommit) -> tuple[_Thread | None, int | None]:
+        if "effect_unfenced" in self.bugs and thread_id in self._rows:
+            for effect in commit.effects:  # the bug: effects recorded before (outside) the fence
+                self._rows[thread_id].effects.setdefault(effect.key, effect.text)
+        if "commit_unfenced" in self.bugs:
+            return self._row(thread_id), commit.token  # the bug: no token check
+        return super()._committing(thread_id, commit)
+
+    def _next_incarnation(self, row: _Thread) -> int | None:
+        start = super()._next_incarnation(row)
+        if "seq_reuse_after_delete" in self.bugs and start is not None:
+            return 1  # the bug: the next incarnation numbers from 1 again
+        return start
+
+    def _kept_runs(self, thread_id: str, protected: Mapping[str, frozenset[str]]) -> frozenset[str]:
+        if "sweep_unguarded" in self.bugs:
+            return frozenset()  # the bug: the guard's answer (and the open entries' runs) are ignored
+        return super()._kept_runs(thread_id, protected)
+
+
+__all__ = ["PLANTED_BUGS", "PlantedMemoryStore"]
