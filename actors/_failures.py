@@ -4,12 +4,14 @@ README "When the store fails" says it for users.
 
 Every part of the runtime that meets an error of the store asks :func:`is_transient`:
 
-* **transient** — the thread actor leaves the thread as its last commit left it (incomplete, for a recovery), the
-  queue worker hands the entry back for a later attempt, a subscription pauses and reads again, the periodic
-  sweep tries again at its next pass. Transient are the retryable kinds of
-  :class:`~threadloom.domain.errors.ProcessingError` (``StoreUnavailable``, ``OutcomeUnknown``), a plain
-  ``ProcessingError`` of unknown kind (a store that does not classify its failures yet), ``ThreadBusy`` and
-  ``StaleClaim`` (another run holds or took the thread: a later attempt finds out what to do).
+* **transient** — a run repeats a step's commit the store could not take (:func:`can_repeat`: nothing of it
+  applied) after a pause, for up to its claim's ttl; otherwise it ends and leaves the thread as its last commit
+  left it (incomplete, for a recovery). The queue worker hands the entry back for a later attempt, a
+  subscription pauses and reads again, the periodic sweep tries again at its next pass. Transient are the
+  retryable kinds of :class:`~threadloom.domain.errors.ProcessingError` (``StoreUnavailable``,
+  ``OutcomeUnknown``), a plain ``ProcessingError`` of unknown kind (a store that does not classify its failures
+  yet), ``ThreadBusy`` and ``StaleClaim`` (another run holds or took the thread: a later attempt finds out what
+  to do).
 * **fatal** (:func:`is_fatal`) — a store failure no retry gets past: ``StoreCorrupt`` (a damaged file or row, a
   schema newer than the code) and ``StoreClosed`` (the store was closed under the runtime), and any failure of a
   store that reports itself closed. Nothing is retried: the run's handle raises the error at once, the queue

@@ -246,7 +246,9 @@ class GraphRuntime:
                 it), or runs another graph; nothing changed.
             TenantMismatch: the thread is another tenant's; nothing read or changed.
             ValidationError: a bad argument (``input`` not JSON, or refused by the graph's ``merge``, …);
-                nothing changed. ProcessingError: the store failed, or the runtime is closed.
+                nothing changed. ProcessingError: the store failed, or the runtime is closed:
+                ``StoreUnavailable`` admitted nothing (call again later); ``StoreCorrupt`` and ``StoreClosed``
+                are not retryable (logged as ``run.failed`` at error level).
         """
         return self._run(RunKind.START, thread_id, graph, input, tenant_id, run_id=run_id)
 

@@ -182,9 +182,10 @@ class RunHandle:
                 when the child run a node waits for lost its own thread: the run then ends as for ThreadBusy.
             CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
                 for any runtime to recover.
-            StoreUnavailable: the store stayed unreachable: a step's commit was tried again with growing
-                pauses (50 ms doubling to 2 s) for as long as the claim's ``ttl`` and never applied. Retryable:
-                the thread stays as its last commit left it (incomplete); ``recover`` it.
+            StoreUnavailable: the store stayed unreachable. A step's commit it refused is tried again with
+                growing pauses (50 ms doubling to 2 s) for as long as the claim's ``ttl``; raised when it never
+                applied, or when a node's own store call (``ctx.effect``, ``ctx.spawn``) met it. Retryable: the
+                thread stays as its last commit left it (incomplete); ``recover`` it.
             StoreCorrupt: the store holds what the code cannot read (a damaged file or row, a schema newer
                 than the code). Not retryable and not retried: raised as soon as the run meets it (a renewal
                 meeting it ends the run at once, even while a node runs; that node's step is dropped). The
@@ -727,7 +728,7 @@ class ThreadRun:
         if message.error is not None and is_transient(message.error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
-            # the node again (found by the simulation).
+            # the node again (DESIGN §5; found by the simulation, DESIGN §7).
             self._log.warning(
                 "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
             )
