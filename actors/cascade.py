@@ -11,6 +11,7 @@ its claim released: any runtime finishes it by deleting the root again.
 from __future__ import annotations
 
 import attrs
+from threadloom.actors._failures import error_kind, is_fatal, store_closed
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.thread_actor import RunEnv
@@ -104,7 +105,8 @@ class CascadeDelete:
                 what was deleted stays deleted, the root stays marked.
             TenantMismatch: the root is another tenant's; nothing changed.
             StaleClaim: the root's claim was taken over during the cascade; the rest is left to its new holder.
-            ProcessingError: the store failed. Deleting again finishes the cascade.
+            ProcessingError: the store failed. Deleting again finishes the cascade (once the store is repaired,
+                for ``StoreCorrupt``; with an open store, for ``StoreClosed``).
         """
         store = self.env.store
         root = self._claim(self.root)
@@ -132,11 +134,12 @@ class CascadeDelete:
                     self._delete(top, fence)
             self._delete(root, None)
         except ThreadloomError as error:
-            self._log.warning(
+            (self._log.error if is_fatal(error, store) else self._log.warning)(
                 "delete.stopped",
                 op="delete_thread",
                 deleted=len(self.deleted),
                 error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind(error),
             )
             self._release_all()
             raise
@@ -146,6 +149,9 @@ class CascadeDelete:
         return list(self.deleted)
 
     def _release_all(self) -> None:
+        if store_closed(self.env.store):
+            self._held.clear()  # nothing can be written any more: the claims expire by themselves
+            return
         for held in reversed(self._held):
             try:
                 self.env.store.release(held.thread_id, held.token)

@@ -246,7 +246,9 @@ class GraphRuntime:
                 it), or runs another graph; nothing changed.
             TenantMismatch: the thread is another tenant's; nothing read or changed.
             ValidationError: a bad argument (``input`` not JSON, or refused by the graph's ``merge``, …);
-                nothing changed. ProcessingError: the store failed, or the runtime is closed.
+                nothing changed. ProcessingError: the store failed, or the runtime is closed:
+                ``StoreUnavailable`` admitted nothing (call again later); ``StoreCorrupt`` and ``StoreClosed``
+                are not retryable (logged as ``run.failed`` at error level).
         """
         return self._run(RunKind.START, thread_id, graph, input, tenant_id, run_id=run_id)
 
@@ -575,7 +577,11 @@ class GraphRuntime:
         Each worker leases an entry of one of ``graphs``, records its attempt's RunId, asks ``lookup_run``
         whether an earlier attempt admitted the input (then recovers, or finishes the entry), else admits it;
         renews the lease while the run goes on; and finishes the entry COMPLETED or FAILED. A thread held by
-        another run, a lost claim or a stop hands the entry back for a later attempt.
+        another run, a lost claim, a stop or a store failure that may pass (``StoreUnavailable``,
+        ``OutcomeUnknown``) hands the entry back for a later attempt. A damaged store (``StoreCorrupt``) met
+        while working an entry finishes it FAILED with the error's text (never leased again in a loop); a store
+        the workers cannot use at all (closed under them, or damaged where the queue itself is kept) stops every
+        worker: ``Server.error`` holds the error.
 
         Args:
             graphs: the graphs served, by id (a mapping) or as a collection (keyed by ``graph_id``).
@@ -589,6 +595,8 @@ class GraphRuntime:
 
         Raises:
             ValidationError: no run queue, no graph, or a bad argument; ProcessingError: the runtime is closed.
+            StoreClosed, StoreCorrupt: (``block`` only) the store stopped the workers, as ``Server.error`` says;
+                the other workers were stopped and joined first.
         """
         if isinstance(graphs, Mapping):
             served = dict(graphs)
@@ -624,6 +632,8 @@ class GraphRuntime:
             finally:
                 server.stop()
                 server.join(self._close_timeout)
+            if server.error is not None:
+                raise server.error
         return server
 
     # -- shutdown ---------------------------------------------------------------------------------------------

@@ -9,6 +9,15 @@ under the thread's claim, that the attempt still holds its lease, so two attempt
 A worker that stops (``close``) cancels its run at the next step and hands the entry back at once; a worker
 whose process dies leaves a lease and a claim that expire, and the next attempt recovers the run without
 re-running its completed nodes.
+
+Store failures: one that may pass (``StoreUnavailable``, ``OutcomeUnknown``, a ``ProcessingError`` of unknown
+kind) hands the entry back for a later attempt (``ServePolicy.max_attempts`` bounds them). A damaged store
+(``StoreCorrupt``) met while working an entry finishes that entry ``FAILED`` with the error's text - it is never
+leased again in a loop; the thread stays as it is, to be recovered once the store is repaired - and the worker
+goes on with the next entry. A store the worker cannot use at all - ``StoreClosed``, or ``StoreCorrupt`` while
+leasing or finishing - stops every worker of the server: ``queue.worker_stopped`` at error level,
+:attr:`Server.error` holds the error, and a blocking ``serve`` raises it. An entry it held keeps its lease until
+the lease expires; then a worker over an open store takes it over.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from threadloom.actors._failures import closed_under, error_kind, is_fatal
 from threadloom.actors.graph import ERROR_KEY, Graph
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import log as _log
@@ -48,6 +58,7 @@ class Server:
 
     Attributes:
         completed, failed, handed_back: entries this server's workers finished COMPLETED, FAILED, or gave back.
+        error: the store failure that stopped the workers (``StoreClosed``, ``StoreCorrupt``), else None.
     """
 
     def __init__(self) -> None:
@@ -57,9 +68,11 @@ class Server:
         self.completed = 0
         self.failed = 0
         self.handed_back = 0
+        self.error: BaseException | None = None
 
     def __repr__(self) -> str:
-        return f"Server(completed={self.completed}, failed={self.failed}, stopped={self.stopped})"
+        error = f", error={type(self.error).__name__}" if self.error is not None else ""
+        return f"Server(completed={self.completed}, failed={self.failed}, stopped={self.stopped}{error})"
 
     @property
     def stopped(self) -> bool:
@@ -78,6 +91,21 @@ class Server:
     def _count(self, what: str) -> None:
         with self._lock:
             setattr(self, what, getattr(self, what) + 1)
+
+    def _fail(self, error: BaseException) -> None:
+        """Stops every worker because of ``error`` (the first one is kept)."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self.stop_event.set()
+
+
+class _StopWorker(Exception):
+    """Raised inside a worker when the store can no longer be used at all: the worker loop stops the server."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class QueueWorker:
@@ -111,16 +139,41 @@ class QueueWorker:
         self._log = _log.bind(node_id=self._env.node_id, worker=holder)
 
     def run(self) -> None:
-        """The loop: runs on the worker's own thread (or the caller's, for a blocking ``serve``) until stopped."""
+        """The loop: runs on the worker's own thread (or the caller's, for a blocking ``serve``) until stopped,
+        or until the store cannot be used at all (then it stops the whole server, see :attr:`Server.error`)."""
         stop = self.server.stop_event
         while not stop.is_set():
             try:
                 worked = self.poll_once()
-            except ThreadloomError as error:  # the store failed: wait and ask again
-                self._log.warning("queue.lease_failed", op="lease", error=_describe(error))
+            except _StopWorker as stopping:
+                self._stop_server(stopping.error)
+                return
+            except ThreadloomError as error:
+                if self._fatal(error):
+                    self._stop_server(error)
+                    return
+                self._log.warning("queue.lease_failed", op="lease", error=_describe(error))  # wait, ask again
                 worked = False
             if not worked:
                 self._env.scheduler.wait(stop, self._env.clock.now() + self.policy.poll_interval)
+
+    def _fatal(self, error: BaseException) -> bool:
+        """True for a store failure no retry gets past (a damaged store, or one closed under the worker)."""
+        return is_fatal(error, self._env.store) or is_fatal(error, self.queue)
+
+    def _closed(self) -> bool:
+        return bool(self._env.store.closed or self.queue.closed)
+
+    def _stop_server(self, error: BaseException) -> None:
+        store = self.queue if self.queue.closed else self._env.store
+        error = closed_under(
+            error,
+            store,
+            f"queue worker {self.holder!r}",
+            "the leases it held expire by themselves: serve the queue with a runtime over an open store",
+        )
+        self._log.error("queue.worker_stopped", error=_describe(error), error_kind=error_kind(error))
+        self.server._fail(error)
 
     def poll_once(self) -> bool:
         """Leases one entry and works it to its end; False when nothing was leasable."""
@@ -184,10 +237,27 @@ class QueueWorker:
         except (CancelledError, StaleClaim, InvalidRunState) as error:
             self._hand_back(lease, timedelta(0), log, error)
             return
-        except Exception as error:  # the store failed, or a bug: hand the entry back for a later attempt
+        except Exception as error:
+            if isinstance(error, _StopWorker):
+                raise
+            if self._fatal(error):
+                self._give_up(lease, error, log)
+                return
+            # A store failure that may pass, or a bug: hand the entry back for a later attempt (max_attempts).
             self._hand_back(lease, self.policy.busy_delay, log, error)
             return
         self._finish(lease, EntryStatus.COMPLETED, None, log)
+
+    def _give_up(self, lease: Lease, error: BaseException, log: Any) -> None:
+        """The entry met a damaged or closed store: never lease it again in a loop.
+
+        A closed store stops the worker (nothing can be written; the lease expires by itself). A damaged one
+        finishes the entry FAILED with the error's text; if even that fails on the store, the worker stops.
+        """
+        if self._closed():
+            raise _StopWorker(error)
+        log.error("queue.entry_failed", op="run", error=_describe(error), error_kind=error_kind(error))
+        self._finish(lease, EntryStatus.FAILED, _describe(error), log)
 
     def _check_lease(self, lease: Lease) -> None:
         self.queue.renew_lease(lease.entry_id, lease.attempt, self.policy.lease_ttl)
@@ -241,21 +311,37 @@ class QueueWorker:
                 renewing = False  # the run goes on under its claim; another attempt will find it admitted
                 log.warning("queue.lease_lost", op="renew_lease", error=str(error))
             except ThreadloomError as error:
+                if self._fatal(error):
+                    renewing = False  # the run meets the same store and ends; the worker decides then
+                    log.error(
+                        "queue.renew_failed", op="renew_lease", error=_describe(error), error_kind=error_kind(error)
+                    )
+                    continue
                 log.warning("queue.renew_failed", op="renew_lease", error=_describe(error))
 
     def _finish(self, lease: Lease, status: EntryStatus, error: str | None, log: Any) -> None:
+        """Finishes the entry; a damaged or closed store stops the worker (``_StopWorker``)."""
         try:
             self.queue.finish(lease.entry_id, lease.attempt, status=status, error=error)
         except ThreadloomError as failure:
+            if self._fatal(failure):
+                log.error("queue.finish_failed", op="finish", error=_describe(failure), error_kind=error_kind(failure))
+                raise _StopWorker(failure) from failure
             log.warning("queue.finish_failed", op="finish", error=_describe(failure))
             return
         self.server._count("completed" if status is EntryStatus.COMPLETED else "failed")
         log.info("queue.finished", op="finish", status=status.value, error=error)
 
     def _hand_back(self, lease: Lease, delay: timedelta, log: Any, error: BaseException) -> None:
+        """Gives the entry back for a later attempt; a damaged or closed store stops the worker (``_StopWorker``)."""
         try:
             self.queue.release_lease(lease.entry_id, lease.attempt, delay=delay)
         except ThreadloomError as failure:
+            if self._fatal(failure):
+                log.error(
+                    "queue.release_failed", op="release_lease", error=_describe(failure), error_kind=error_kind(failure)
+                )
+                raise _StopWorker(failure) from failure
             log.warning("queue.release_failed", op="release_lease", error=_describe(failure))
             return
         self.server._count("handed_back")

@@ -6,6 +6,10 @@ sees commits made through any runtime or process sharing the storage. The store 
 contiguously and refuses a read it cannot serve whole (``ReplayUnavailable`` behind the replay floor,
 ``ThreadDeleted`` inside a deleted log), so what a subscription delivers has no gap and no duplicate; to go on
 after a restart, subscribe again with the ``seq`` of the last event handled (:attr:`Subscription.last_seq`).
+
+A read that fails for a reason that may pass (the store unavailable, or failing in a way it does not name) is
+made again from the same place after a pause, so an outage delays events but loses none; a damaged or closed
+store (``StoreCorrupt``, ``StoreClosed``) ends the subscription with that error instead of reading forever.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
+from threadloom.actors._failures import closed_under, error_kind, is_fatal, is_transient, retry_pause
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
 from threadloom.actors.scheduler import Scheduler, Task
@@ -32,8 +37,11 @@ class Subscription:
     Iterate it (blocking) or call :meth:`get`; :meth:`cancel` ends it at once. Events are delivered in ``seq``
     order, each once; nothing is delivered after :meth:`cancel`. A subscription whose watch is disabled ends once
     its replay is delivered. A read the store refuses (the thread was deleted, or the events were compacted
-    away) ends the subscription with that error, raised by :meth:`get` and by iteration after the events before
-    it.
+    away) or that cannot succeed (``StoreCorrupt``; ``StoreClosed`` once the store was closed under it) ends the
+    subscription with that error, raised by :meth:`get` and by iteration after the events before it. A read that
+    fails for a reason that may pass (``StoreUnavailable``, a ``ProcessingError`` of unknown kind) is made again
+    from the same place after a pause (50 ms doubling to 2 s; a ``subscription.retrying`` warning each time),
+    for as long as it fails.
 
     Attributes:
         thread_id: the thread watched.
@@ -84,31 +92,63 @@ class Subscription:
         store, policy = self._store, self._policy
         after = self.after_seq
         checked = False
+        replaying = True  # the replay reads whole pages at once; then the watch waits for commits
+        failures = 0
         try:
-            while not self._cancel.is_set():  # the replay: whole pages at once
-                batch = store.events_after(self.thread_id, after, PAGE)
-                if batch and not checked:
-                    checked = self._tenant_check()
-                if not self._deliver(batch):
-                    return
-                if batch:
-                    after = batch[-1].seq
-                if len(batch) < PAGE:
+            while not self._cancel.is_set():
+                if not replaying and not policy.enabled:
                     break
-            while policy.enabled and not self._cancel.is_set():
-                batch = store.await_events_after(self.thread_id, after, PAGE, policy.poll_interval, cancel=self._cancel)
-                if batch and not checked:
-                    checked = self._tenant_check()
+                try:
+                    if replaying:
+                        batch = store.events_after(self.thread_id, after, PAGE)
+                    else:
+                        batch = store.await_events_after(
+                            self.thread_id, after, PAGE, policy.poll_interval, cancel=self._cancel
+                        )
+                    if batch and not checked:
+                        checked = self._tenant_check()
+                except CancelledError:
+                    raise
+                except ThreadloomError as error:
+                    if not is_transient(error, store):
+                        raise
+                    failures += 1
+                    pause = retry_pause(failures)
+                    _log.warning(
+                        "subscription.retrying",
+                        thread_id=self.thread_id,
+                        after_seq=after,
+                        attempt=failures + 1,
+                        pause_ms=pause.total_seconds() * 1000,
+                        error=f"{type(error).__name__}: {error}",
+                        error_kind=error_kind(error),
+                    )
+                    self._scheduler.wait(self._cancel, self._scheduler.clock.now() + pause)
+                    continue
+                failures = 0
                 if not self._deliver(batch):
                     return
                 if batch:
                     after = batch[-1].seq
+                if replaying and len(batch) < PAGE:
+                    replaying = False
         except CancelledError:
             pass
         except ThreadloomError as error:
+            error = closed_under(
+                error, store, f"the subscription to thread {self.thread_id!r}", f"subscribe again after seq {after}"
+            )
             with self._cond:
                 self._error = error
-            _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
+            if is_fatal(error, store):
+                _log.error(
+                    "subscription.ended",
+                    thread_id=self.thread_id,
+                    error=f"{type(error).__name__}: {error}",
+                    error_kind=error_kind(error),
+                )
+            else:
+                _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
         except Exception as error:  # the store raised something it should not: end with it, never hang
             with self._cond:
                 self._error = ThreadloomError(f"{type(error).__name__}: {error}")
@@ -158,8 +198,9 @@ class Subscription:
             ended and every event was delivered.
 
         Raises:
-            ThreadDeleted, ReplayUnavailable, TenantMismatch, ProcessingError: the watch ended with it (raised
-                once every event before it was delivered).
+            ThreadDeleted, ReplayUnavailable, TenantMismatch, StoreCorrupt, StoreClosed: the watch ended with it
+                (raised once every event before it was delivered). ``StoreClosed`` names the subscription and the
+                ``seq`` to subscribe again after.
         """
         seconds = None if timeout is None else max(0.0, timeout.total_seconds())
         with self._cond:

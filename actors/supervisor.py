@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import pykka
+from threadloom.actors._failures import error_kind, is_fatal
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import SweepSchedule
@@ -135,6 +136,10 @@ class Supervisor(pykka.ThreadingActor):
         env: the runtime's environment (store, clock, scheduler, ids, policy).
         queue: the store's run queue, whose open entries' runs the sweep guard protects (None: none).
         sweep: the periodic sweep, or None for none.
+
+    Attributes:
+        sweep_error: the store failure that stopped the periodic sweep for good (a damaged or closed store),
+            else None.
     """
 
     use_daemon_thread = True  # a host that never calls close() still exits; its claims then expire
@@ -147,6 +152,7 @@ class Supervisor(pykka.ThreadingActor):
         self.registry = Registry()
         self.guard = RuntimeGuard(self.registry, queue)
         self._closing = False
+        self.sweep_error: BaseException | None = None
         self._timer: Cancellable | None = None
         self._generation = 0
         self._log = _log.bind(node_id=env.node_id)
@@ -246,12 +252,30 @@ class Supervisor(pykka.ThreadingActor):
 
     def sweep_tick(self, generation: int, after: str | None) -> None:
         """One page of the periodic pass; the next page comes back as a message, so registry requests are
-        answered between pages. After the last page the next pass is scheduled ``every`` later."""
+        answered between pages. After the last page the next pass is scheduled ``every`` later.
+
+        A page that fails never stops the supervisor. A transient failure (the store unavailable, or failing in
+        a way it does not name) logs ``sweep.failed`` and the next pass comes ``every`` later. A damaged or
+        closed store (``StoreCorrupt``, ``StoreClosed``) logs ``sweep.stopped`` at error level and stops the
+        periodic sweep for good (:attr:`sweep_error` holds the error): sweeping again would only fail again.
+        ``GraphRuntime.sweep`` still sweeps on demand.
+        """
         if self._closing or self._schedule is None or generation != self._generation:
             return
         try:
             page = self.sweep_page(self._schedule.policy, after)
-        except Exception as error:  # a failed page must not stop the supervisor: log it, try again next time
+        except Exception as error:  # a failed page must not stop the supervisor
+            if is_fatal(error, self._env.store):
+                self.sweep_error = error
+                self._cancel_timer()
+                self._log.error(
+                    "sweep.stopped",
+                    op="sweep",
+                    after=after,
+                    error=f"{type(error).__name__}: {error}",
+                    error_kind=error_kind(error),
+                )
+                return
             self._log.warning("sweep.failed", op="sweep", error=f"{type(error).__name__}: {error}")
             self._schedule_sweep()
             return
@@ -261,7 +285,7 @@ class Supervisor(pykka.ThreadingActor):
             self._schedule_sweep()
 
     def _schedule_sweep(self) -> None:
-        if self._schedule is None or self._closing:
+        if self._schedule is None or self._closing or self.sweep_error is not None:
             return
         self._generation += 1
         generation, ref = self._generation, self.actor_ref

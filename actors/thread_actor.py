@@ -25,6 +25,15 @@ from typing import Any
 import attrs
 import pykka
 from threadloom.actors import graph as g
+from threadloom.actors._failures import (
+    can_repeat,
+    closed_under,
+    error_kind,
+    is_fatal,
+    is_transient,
+    retry_pause,
+    store_closed,
+)
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import elapsed_ms
@@ -36,7 +45,6 @@ from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,
     OutcomeUnknown,
-    ProcessingError,
     RunFailed,
     StaleClaim,
     TenantMismatch,
@@ -174,8 +182,21 @@ class RunHandle:
                 when the child run a node waits for lost its own thread: the run then ends as for ThreadBusy.
             CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
                 for any runtime to recover.
-            ProcessingError: the store failed, in the run's own calls or in a node's (``ctx.effect``,
-                ``ctx.spawn``); the thread stays as its last commit left it (incomplete, for a recovery).
+            StoreUnavailable: the store stayed unreachable. A step's commit it refused is tried again with
+                growing pauses (50 ms doubling to 2 s) for as long as the claim's ``ttl``; raised when it never
+                applied, or when a node's own store call (``ctx.effect``, ``ctx.spawn``) met it. Retryable: the
+                thread stays as its last commit left it (incomplete); ``recover`` it.
+            StoreCorrupt: the store holds what the code cannot read (a damaged file or row, a schema newer
+                than the code). Not retryable and not retried: raised as soon as the run meets it (a renewal
+                meeting it ends the run at once, even while a node runs; that node's step is dropped). The
+                thread stays as its last commit left it - no FAILED checkpoint, which the store could not take
+                either - and can be recovered once the store is repaired.
+            StoreClosed: the store was closed under the run (raised at the next commit or renewal, whichever
+                comes first; the message names the run). The claim expires by itself; recover the thread with
+                a runtime over an open store.
+            ProcessingError: any other failure of the store (``OutcomeUnknown`` included), in the run's own calls
+                or in a node's (``ctx.effect``, ``ctx.spawn``); the thread stays as its last commit left it
+                (incomplete, for a recovery).
             TimeoutError: ``timeout`` passed first; the run goes on.
         """
         self._await(self._done, timeout)
@@ -244,11 +265,22 @@ class _Cancel:
     """Stop the run at its next step boundary."""
 
 
-TRANSIENT_NODE_ERRORS: tuple[type[BaseException], ...] = (ProcessingError, ThreadBusy, StaleClaim)
-"""Errors a node raises that say nothing about its own logic: the store failed (``ProcessingError``, its
-``OutcomeUnknown`` included), a child thread it spawns is held by another live run (``ThreadBusy``), or the
-child run it waits for lost its thread to another run (``StaleClaim``). The run ends with the error and commits
-no FAILED checkpoint; the thread stays incomplete (RUNNING) for a recovery."""
+@attrs.frozen(eq=False)
+class _RetryDue:
+    """The pause before repeating a step's commit (the store said ``StoreUnavailable``) ended."""
+
+    generation: int
+
+
+@attrs.define(eq=False)
+class _PendingCommit:
+    """A step's commit the run is applying: tried again after a pause while the store is unavailable."""
+
+    commit: Commit
+    graph_node: str | None
+    applied: Callable[[], None]
+    since: datetime
+    failures: int = 0
 
 
 def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
@@ -320,6 +352,9 @@ class ThreadRun:
         self.finished = False
         self._timer: Cancellable | None = None
         self._generation = 0
+        self._pending: _PendingCommit | None = None
+        self._retry_timer: Cancellable | None = None
+        self._retry_generation = 0
         self._started_at: datetime | None = None
         self._log = _log.bind(
             thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
@@ -341,10 +376,20 @@ class ThreadRun:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._stop_retry()
+
+    def _stop_retry(self) -> None:
+        self._retry_generation += 1
+        self._pending = None
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
 
     def _release(self) -> None:
         if self.token is None:
             return
+        if store_closed(self.env.store):
+            return  # nothing can be written any more: the claim expires by itself
         started = self.env.clock.now()
         try:
             self.env.store.release(self.spec.thread_id, self.token)
@@ -401,6 +446,58 @@ class ThreadRun:
             effects=len(commit.effects),
             duration_ms=self._ms(started),
         )
+
+    def _commit_then(self, commit: Commit, graph_node: str | None, applied: Callable[[], None]) -> None:
+        """Commits a step's ``commit`` and then calls ``applied``; ends the run if the store refuses or fails.
+
+        A ``StoreUnavailable`` (nothing applied) is tried again after a pause (``retry_pause``: 50 ms doubling
+        to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
+        since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
+        at once, without the step (a recovery runs its node again).
+        """
+        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now())
+        self._try_pending()
+
+    def _try_pending(self) -> None:
+        pending = self._pending
+        assert pending is not None
+        try:
+            self._commit(pending.commit, pending.graph_node)
+        except StaleClaim as error:
+            self._pending = None
+            self._finish_error(error, release=False)
+            return
+        except Exception as error:
+            now = self.env.clock.now()
+            if can_repeat(error, self.env.store) and now - pending.since < self.env.claim_policy.ttl:
+                pending.failures += 1
+                pause = retry_pause(pending.failures)
+                self._log.warning(
+                    "commit.retrying",
+                    op="commit",
+                    token=pending.commit.token,
+                    graph_node=pending.graph_node,
+                    attempt=pending.failures + 1,
+                    pause_ms=pause.total_seconds() * 1000,
+                    error=_describe(error),
+                    error_kind=error_kind(error),
+                )
+                self._retry_generation += 1
+                generation = self._retry_generation
+                self._retry_timer = self.env.scheduler.call_at(now + pause, lambda: self._send(_RetryDue(generation)))
+                return
+            self._pending = None
+            self._finish_error(error, release=True)
+            return
+        self._pending = None
+        pending.applied()
+
+    def retry_due(self, generation: int) -> None:
+        """Tries the pending commit again (its pause ended)."""
+        if self.finished or generation != self._retry_generation or self._pending is None:
+            return
+        self._retry_timer = None
+        self._try_pending()
 
     def _latest_quietly(self) -> StoredCheckpoint | None:
         try:
@@ -628,13 +725,18 @@ class ThreadRun:
             # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
             self._finish_error(CancelledError("run"), release=True)
             return
-        if message.error is not None and isinstance(message.error, TRANSIENT_NODE_ERRORS):
+        if message.error is not None and is_transient(message.error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
             # the node again (DESIGN §5; found by the simulation, DESIGN §7).
             self._log.warning(
                 "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
             )
+            self._finish_error(message.error, release=True)
+            return
+        if message.error is not None and is_fatal(message.error, self.env.store):
+            # The store is damaged or closed: not the node's fault, and no FAILED checkpoint could be written
+            # either. End at once; the thread stays as it is, recoverable once the store is repaired.
             self._finish_error(message.error, release=True)
             return
         if message.error is not None:
@@ -665,13 +767,15 @@ class ThreadRun:
             elif status is CheckpointStatus.SUSPENDED:
                 drafts.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, message.node))
             assert self.token is not None
-            self._commit(Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects), message.node)
-        except StaleClaim as error:
-            self._finish_error(error, release=False)
-            return
+            commit = Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects)
         except Exception as error:
             self._finish_error(error, release=True)
             return
+        self._commit_then(commit, message.node, lambda: self._step_applied(cp, step))
+
+    def _step_applied(self, cp: Checkpoint, step: Step) -> None:
+        """Goes on after a step's commit applied: the next node, the run's end, or the stop a cancel asked for."""
+        status = step.status
         self.base, self.state, self.next_node = cp, step.state, step.next
         self.steps_run += 1
         if status is not CheckpointStatus.RUNNING:
@@ -701,15 +805,16 @@ class ThreadRun:
                 self._event(g.EVENT_RUN_FAILED, {"node": node, "error": message[:4000]}, cp.id, node)
             ]
             assert self.token is not None
-            self._commit(Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects), node)
-        except StaleClaim as lost:
-            self._finish_error(lost, release=False)
-            return
+            commit = Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects)
         except Exception as failure:
             self._finish_error(failure, release=True)
             return
-        self.base = cp
-        self._finish_error(error, release=True)
+
+        def applied() -> None:
+            self.base = cp
+            self._finish_error(error, release=True)
+
+        self._commit_then(commit, node, applied)
 
     def renew_due(self, generation: int) -> None:
         """Renews the claim (the renewal timer fired); a ``StaleClaim`` marks the run lost."""
@@ -724,6 +829,18 @@ class ThreadRun:
                 self._finish_error(error, release=False)
             return
         except ThreadloomError as error:
+            if is_fatal(error, self.env.store):
+                # The store is damaged or closed: the claim cannot be kept and no step could commit. End at once,
+                # even with a node in flight (its step is dropped; a recovery runs the node again).
+                self._log.error(
+                    "claim.renew_failed",
+                    op="renew",
+                    token=self.token,
+                    error=_describe(error),
+                    error_kind=error_kind(error),
+                )
+                self._finish_error(error, release=True)
+                return
             self._log.warning("claim.renew_failed", op="renew", token=self.token, error=_describe(error))
             self._schedule_renewal()
             return
@@ -731,7 +848,8 @@ class ThreadRun:
         self._schedule_renewal()
 
     def cancel(self) -> None:
-        """Stops the run at its next step boundary (at once when no node is in flight)."""
+        """Stops the run at its next step boundary (at once when no node is in flight, and during the pause
+        before a commit is tried again: that step is dropped)."""
         if self.finished:
             return
         self.cancelled = True
@@ -754,7 +872,20 @@ class ThreadRun:
 
     def _refuse(self, error: BaseException) -> None:
         self.finished = True
-        self._log.info("run.refused", op=self.spec.kind.value, error=_describe(error), error_type=type(error).__name__)
+        if is_fatal(error, self.env.store):
+            error = self._reported(error)
+            self._log.error(
+                "run.failed",
+                op=self.spec.kind.value,
+                error=_describe(error),
+                error_type=type(error).__name__,
+                error_kind=error_kind(error),
+                steps=0,
+            )
+        else:
+            self._log.info(
+                "run.refused", op=self.spec.kind.value, error=_describe(error), error_type=type(error).__name__
+            )
         self._stop_timer()
         _set(self.handle._claimed, error=error)
         _set(self.handle._done, error=error)
@@ -786,17 +917,28 @@ class ThreadRun:
         _set(self.handle._done, outcome)
         self._ended(self)
 
+    def _reported(self, error: BaseException) -> BaseException:
+        """The error the handle raises: a failure of a store closed under the run says so (``StoreClosed``)."""
+        what = f"run {self.spec.run_id!r} of thread {self.spec.thread_id!r}"
+        advice = "the thread stays as its last commit left it: recover it with a runtime over an open store"
+        return closed_under(error, self.env.store, what, advice)
+
     def _finish_error(self, error: BaseException, *, release: bool) -> None:
+        """Ends the run with ``error``; a fatal store failure (damaged or closed store) is logged at error level."""
         self.finished = True
         self._stop_timer()
+        fatal = is_fatal(error, self.env.store)
+        if fatal:
+            error = self._reported(error)
         if release:
             self._release()
-        self._log.warning(
+        (self._log.error if fatal else self._log.warning)(
             "run.failed",
             op="run",
             token=self.token,
             error=_describe(error),
             error_type=type(error).__name__,
+            error_kind=error_kind(error),
             steps=self.steps_run,
             duration_ms=self._ms(self._started_at) if self._started_at else None,
         )
@@ -847,6 +989,8 @@ class ThreadActor(pykka.ThreadingActor):
                 self.run.node_done(message)
             elif isinstance(message, _Cancel):
                 self.run.cancel()
+            elif isinstance(message, _RetryDue):
+                self.run.retry_due(message.generation)
         except Exception as error:  # a bug in the run's own code must still end the run cleanly
             self.run.crash(error)
         if self.run.finished and not self._stopping:
