@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from threadloom.cli.main import cli
+from threadloom.cli.simulate import run_seeds
 from threadloom.domain.errors import ValidationError
 from threadloom.simulations.checkers import Oracle
-from threadloom.simulations.cli import run_seeds
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
 from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, SimTaskError, World
