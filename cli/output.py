@@ -17,7 +17,6 @@ data cannot drive the terminal.
 from __future__ import annotations
 
 import contextvars
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -152,6 +151,8 @@ def json_text(value: Any, *, indent: int | None = None, compact: bool = False) -
 
     The text decodes to the same value (``json.loads``) and prints nothing a terminal would act on.
     """
+    import json  # here, not at the top: --help and --version print no JSON
+
     separators = (",", ":") if compact else None
     return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators).translate(_JSON_SAFE)
 
