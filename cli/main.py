@@ -105,8 +105,8 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
 }
 """Every command of the group: name -> where it is defined, and its one-line help for the listing."""
 
-# While the group lists its commands for --help, ``get_command`` answers with a stand-in made of the table's help
-# (nothing is imported); otherwise with the real command.
+# While the group lists its commands (for --help, or to complete a command name), ``get_command`` answers with a
+# stand-in made of the table's help (nothing is imported); otherwise with the real command.
 _LISTING: contextvars.ContextVar[bool] = contextvars.ContextVar("threadloom_cli_listing", default=False)
 # Where the logging configuration a command sets up is undone: entered by the group's callback, closed by main().
 _CLEANUP: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar(
@@ -141,6 +141,15 @@ class ThreadloomGroup(click.Group):
         token = _LISTING.set(True)
         try:
             super().format_commands(ctx, formatter)
+        finally:
+            _LISTING.reset(token)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """Completes command names (with their one-line help from :data:`LAZY_COMMANDS`) and the group's options,
+        importing no command."""
+        token = _LISTING.set(True)
+        try:
+            return super().shell_complete(ctx, incomplete)
         finally:
             _LISTING.reset(token)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,13 +212,18 @@ def _importtime(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str]
         [sys.executable, "-X", "importtime", "-m", "threadloom", *args],
         capture_output=True, text=True, timeout=120, cwd=cwd,
     )
+    return done, _imported(done.stderr)
+
+
+def _imported(importtime: str) -> set[str]:
+    """The module names in ``python -X importtime``'s report."""
     imported = set()
-    for line in done.stderr.splitlines():
+    for line in importtime.splitlines():
         if line.startswith("import time:") and line.count("|") == 2:
             name = line.rsplit("|", 1)[1].strip()
             if name != "imported package":  # the header line
                 imported.add(name)
-    return done, imported
+    return imported
 
 
 def _heavy(imported: set[str]) -> list[str]:
@@ -248,6 +254,25 @@ def test_version_and_short_help_import_nothing_heavy(tmp_path, option):
     if option == "--version":
         assert done.stdout == f"threadloom, version {importlib.metadata.version('threadloom')}\n"
         assert threadloom.__version__ == importlib.metadata.version("threadloom")
+
+
+def test_completing_a_command_name_imports_nothing_heavy(tmp_path):
+    env = {**os.environ, "_THREADLOOM_COMPLETE": "zsh_complete", "COMP_WORDS": "threadloom s", "COMP_CWORD": "1"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "threadloom"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _heavy(_imported(done.stderr)) == []
+    items = done.stdout.splitlines()  # zsh: type, value, help, per item
+    offered = {items[index + 1]: items[index + 2] for index in range(0, len(items), 3)}
+    assert sorted(offered) == ["show", "simulate", "stats", "sweep"]
+    assert offered["sweep"].startswith("Apply a retention policy")
+    # Completing a command's own options loads that command.
+    env["COMP_WORDS"], env["COMP_CWORD"] = "threadloom sweep --max-c", "2"
+    done = subprocess.run([sys.executable, "-m", "threadloom"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=env)
+    assert "--max-checkpoints" in done.stdout.splitlines()
 
 
 def test_a_command_still_loads_what_it_needs(tmp_path):
