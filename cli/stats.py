@@ -4,8 +4,8 @@ The command wraps the store named by ``--store`` in a :class:`~threadloom.persis
 with an :class:`~threadloom.persistence.metrics.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
 incomplete threads, and for a few threads their latest checkpoint, history, events, children and run lookup),
 and prints what the meter recorded: calls, errors and latency per store method. Nothing is written, claimed or
-swept. It is a quick health and latency check of a store URL from a terminal (DESIGN §3 ``MeteredCheckpointer``,
-§6); a long-running host exports the same metrics with a Prometheus or OpenTelemetry meter instead.
+swept. It is a quick health and latency check of a store URL from a terminal (README: "The `threadloom`
+command"); a long-running host exports the same metrics with a Prometheus or OpenTelemetry meter instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli.main import CliError, CliState, printable, scrub
+from threadloom.cli.output import CliError, printable, scrub, state_of
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ThreadloomError
 from threadloom.domain.values import ThreadQuery
@@ -113,9 +113,7 @@ def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], samp
     quantiles are bucket bounds (ms): p50 ≤ 2.5 means half the calls took at most 2.5 ms. With --json, prints
     the table's rows and the meter's whole snapshot.
     """
-    state = ctx.find_object(CliState)
-    if state is None:
-        raise CliError("internal: the command ran without the threadloom group")
+    state = state_of(ctx)
     v.check_optional_id("tenant", tenant)
     for thread_id in threads:
         v.check_id("thread", thread_id)

@@ -30,7 +30,9 @@ from threadloom import (
     EventDraft,
     PendingWrite,
 )
-from threadloom.cli.main import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, parse_duration
+from threadloom.cli.logs import DRIVER_LOGGERS, configure_logging
+from threadloom.cli.main import cli
+from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE, parse_duration
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

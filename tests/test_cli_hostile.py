@@ -20,7 +20,9 @@ import structlog
 from click.testing import CliRunner
 
 from threadloom import Checkpoint, CheckpointStatus, ClaimRequest, Commit, EventDraft, PendingWrite
-from threadloom.cli.main import DRIVER_LOGGERS, EXIT_FAILED, EXIT_USAGE, cli, configure_logging, printable
+from threadloom.cli.logs import DRIVER_LOGGERS, configure_logging
+from threadloom.cli.main import cli
+from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE, printable
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence import open_store, redact_url, sqlite_file, url_secrets
 from threadloom.persistence.sqlite.store import SqliteCheckpointer

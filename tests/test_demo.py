@@ -37,23 +37,24 @@ from threadloom import (
     ThreadStatus,
 )
 from threadloom.actors.graph import END_EVENTS, EVENT_RUN_RECOVERED, STEP_KEY
-from threadloom.cli.main import EXIT_USAGE, STORE_ENV, cli
-from threadloom.cli.demo.run import (
-    Crash,
-    DemoPlan,
-    _check_gap_free,
-    _check_stale,
-    _check_tokens,
-    find_takeovers,
-    port_in_use,
-    verify,
-)
 from threadloom.cli.demo.graph import (
     AGENT_GRAPH,
     Ledger,
     build_graphs,
     demo_input,
 )
+from threadloom.cli.demo.metrics import port_in_use
+from threadloom.cli.demo.plan import DemoPlan
+from threadloom.cli.demo.verify import (
+    Crash,
+    _check_gap_free,
+    _check_stale,
+    _check_tokens,
+    find_takeovers,
+    verify,
+)
+from threadloom.cli.main import cli
+from threadloom.cli.output import EXIT_USAGE, STORE_ENV
 
 CHECKS = [
     "every run completed",

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from threadloom.cli.main import cli
+from threadloom.cli.simulate import run_seeds
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence import base
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
-from threadloom.simulations.cli import run_seeds
 from threadloom.simulations.planted import PlantedMemoryStore
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed

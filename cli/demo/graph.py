@@ -1,6 +1,6 @@
 """The sample agent graph of ``threadloom demo``: a tool-using loop with child threads and effects.
 
-Two graphs (DESIGN §5: plain Python, named nodes, one commit per node):
+Two graphs (plain Python, named nodes, one commit per node):
 
 * ``demo-agent`` — ``plan`` → ``act`` (a tool call through ``ctx.effect``) → ``delegate`` on some rounds (a
   child thread of ``demo-research`` runs a sub-task and the node waits for its findings) → ``reflect`` → back to

@@ -1,4 +1,4 @@
-"""``threadloom simulate``: run seeds of the deterministic simulation and report them (DESIGN §7).
+"""``threadloom simulate``: run seeds of the deterministic simulation and report them.
 
 Prints a verdict per failing seed, the probe histogram (how often each interesting situation occurred, and in
 how many seeds), and for a failure the shortest failing trace with the exact command that replays it. One seed
@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli.main import EXIT_FAILED, CliError, CliState, printable
+from threadloom.cli.output import EXIT_FAILED, CliError, CliState, printable, state_of
 from threadloom.domain.errors import ValidationError
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, load_graph, simulate
@@ -129,9 +129,7 @@ def simulate_command(
     trace and the command that replays it. The same seed always gives the same trace. --store here names the
     simulated store (memory or sqlite); the global --store URL does not apply.
     """
-    state = ctx.find_object(CliState)
-    if state is None:
-        raise CliError("internal: the command ran without the threadloom group")
+    state = state_of(ctx)
     if graph is not None and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if regressions:
