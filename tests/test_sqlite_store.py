@@ -22,7 +22,14 @@ import threadloom
 from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import open_store
 from threadloom.domain.clock import ManualClock
-from threadloom.domain.errors import OutcomeUnknown, ProcessingError, StoreCorrupt, StoreUnavailable, ValidationError
+from threadloom.domain.errors import (
+    OutcomeUnknown,
+    ProcessingError,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
+    ValidationError,
+)
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
@@ -132,6 +139,7 @@ def test_a_file_of_a_newer_schema_is_refused(path: str, clock: ManualClock) -> N
     raw(path).execute("INSERT INTO schema_version VALUES (?, 0)", (sqlite_store.SCHEMA_VERSION + 1,))
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(path, clock=clock)
+    assert type(info.value) is StoreCorrupt
     assert info.value.operation == "open"
     assert "newer" in info.value.message
 
@@ -213,6 +221,7 @@ def test_a_missing_directory_is_a_processing_error_without_a_sqlite_traceback(tm
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(target)
     error = info.value
+    assert type(error) is StoreUnavailable  # retryable once the directory is there
     assert error.operation == "open"
     assert str(target) in error.message and "directory exists" in error.message
     assert error.__cause__ is None and error.__suppress_context__
@@ -225,6 +234,7 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: pathl
     target.write_bytes(content)
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(target)
+    assert type(info.value) is StoreCorrupt and not info.value.retryable
     assert info.value.operation == "open"
     assert "not a SQLite database" in info.value.message
     assert info.value.__cause__ is None
@@ -417,6 +427,112 @@ def test_the_error_mapping_classifies_real_driver_errors(tmp_path: pathlib.Path,
         in_flight = store._db.failure(error, "commit", "t", committing=True)
         assert type(in_flight) is OutcomeUnknown and in_flight.operation == "commit"
     locked.execute("ROLLBACK")
+
+
+def test_a_full_disk_is_store_unavailable_and_the_retry_applies(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    thread = Thread(store, clock, "t")
+    thread.step(events=1)
+    (conn,) = store._db.idle
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: SQLITE_FULL, a real driver error
+    cid = f"t-c{thread.count + 1}"
+    big = Commit(
+        token=thread.token,
+        checkpoint=Checkpoint(id=cid, parent=thread.latest, thread_id="t", run_id="run-1",
+                              status=CheckpointStatus.RUNNING, created_at=clock.now(), state={"blob": "x" * 50_000}),
+        events=[EventDraft(run_id="run-1", type="e", timestamp=clock.now())],
+    )
+    with pytest.raises(ProcessingError) as info:
+        store.commit("t", big)
+    assert type(info.value) is StoreUnavailable and info.value.retryable
+    assert "full" in info.value.message and "'t'" in info.value.message and "nothing was written" in info.value.message
+    assert [cp.id for cp in store.history("t", limit=5)] == [thread.latest]
+    assert [e.seq for e in store.events_after("t", 0, 10)] == [1]
+    assert [r.seq for r in store.commit("t", big)] == [2]  # the connection that failed was dropped
+    assert store.latest("t").checkpoint.id == cid  # type: ignore[union-attr]
+
+
+def test_a_closed_store_and_its_queue_refuse_with_store_closed(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    Thread(store, clock, "t")
+    (conn,) = store._db.idle
+    store.close()
+    with pytest.raises(sqlite3.ProgrammingError) as info:  # close() closed the idle connection
+        conn.execute("SELECT 1")
+    assert type(store._db.failure(info.value, "latest", "t")) is StoreClosed
+    for call in (lambda: store.latest("t"), lambda: store.queue.entry(1), lambda: store.queue.lease("w", LONG)):
+        with pytest.raises(StoreClosed) as refused:
+            call()
+        assert not refused.value.retryable and "closed" in refused.value.message
+
+
+# -- the statements of a commit ----------------------------------------------------------------------------------------
+
+
+def test_a_step_commit_runs_five_statements_in_its_transaction(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    """A checkpoint, a pending write and an event: the thread's row read, the checkpoint's insert (also the
+    duplicate check), the pending write put in place of the old one, the event's insert, the thread's row update."""
+    thread = Thread(store, clock, "t")
+
+    def write(n: int) -> PendingWrite:
+        return PendingWrite(checkpoint_id=f"t-c{n}", task_id="task", node_id="n", payload=n)
+
+    thread.step(pending_writes=[write(1)])
+    (conn,) = store._db.idle
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    thread.step(pending_writes=[write(2)])
+    conn.set_trace_callback(None)
+    assert [" ".join(statement.split()[:3]) for statement in seen] == [
+        "BEGIN IMMEDIATE",
+        "SELECT claim_token, next_seq,",
+        "INSERT INTO checkpoints",
+        "INSERT INTO pending",
+        "INSERT INTO events",
+        "UPDATE threads SET",
+        "COMMIT",
+    ]
+    assert store.latest("t").pending_writes == (write(2),)  # type: ignore[union-attr]
+
+
+def test_a_new_checkpoint_leaves_exactly_its_own_pending_writes_in_the_file(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+
+    def writes(n: int, count: int) -> list[PendingWrite]:
+        return [PendingWrite(checkpoint_id=f"t-c{n}", task_id=f"task{i}", node_id="n", payload=[n, i]) for i in range(count)]
+
+    for n, count in enumerate([3, 1, 2, 0, 2], start=1):
+        thread.step(pending_writes=writes(n, count))
+        rows = raw(path).execute("SELECT idx FROM pending WHERE thread_id = 't' ORDER BY idx").fetchall()
+        assert rows == [(i,) for i in range(count)], (n, rows)
+        assert store.latest("t").pending_writes == tuple(writes(n, count))  # type: ignore[union-attr]
+    store.commit("t", Commit(token=thread.token, pending_writes=writes(5, 3)[2:]))  # appended after the two
+    assert store.latest("t").pending_writes == (*writes(5, 2), writes(5, 3)[2])  # type: ignore[union-attr]
+
+
+def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract_cut(
+    store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+    thread.step(status=CheckpointStatus.COMPLETED)
+    thread.step(events=2)
+
+    def checkpoint(cid: str, parent: str | None) -> Checkpoint:
+        return Checkpoint(id=cid, parent=parent, thread_id="t", run_id="run-1", status=CheckpointStatus.RUNNING,
+                          created_at=clock.now())
+
+    misdirected = [PendingWrite(checkpoint_id="elsewhere", task_id="task", node_id="n")]
+    for commit in (
+        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c2"), pending_writes=misdirected),
+        # the retract turn would cut t-c2, but the history holds it when the commit is checked
+        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c1"), retract_turn=True, pending_writes=misdirected),
+    ):
+        with pytest.raises(threadloom.InvalidCommit) as info:
+            store.commit("t", commit)
+        assert "already in the history" in info.value.reason
+        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c2", "t-c1"]
+        assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2, 3]
 
 
 # -- threads of one process ------------------------------------------------------------------------------------------
