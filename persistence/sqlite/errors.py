@@ -46,6 +46,42 @@ SQLITE_NOTADB = 26
 
 _BUSY_ADVICE = "retry later, or open the store with a longer busy_timeout"
 
+# Each known primary code: the error's kind, what happened (``{file}``, ``{where}``, ``{busy_s}``, ``{error}``
+# filled in) and what to do.
+_KNOWN: dict[int, tuple[type[ProcessingError], str, str]] = {
+    SQLITE_BUSY: (
+        StoreUnavailable,
+        "another writer held the SQLite file {file} for longer than the busy timeout ({busy_s:g} s) while working "
+        "on {where}",
+        _BUSY_ADVICE,
+    ),
+    SQLITE_NOTADB: (StoreCorrupt, "{file} is not a SQLite database (while working on {where})", "give a store file"),
+    SQLITE_CORRUPT: (
+        StoreCorrupt, "the SQLite file {file} is damaged (while working on {where})", "restore it from a backup"
+    ),
+    SQLITE_CANTOPEN: (
+        StoreUnavailable,
+        "cannot open or create the SQLite file {file} (while working on {where})",
+        "check that its directory exists and is writable",
+    ),
+    SQLITE_READONLY: (
+        StoreUnavailable,
+        "the SQLite file {file} or its directory is read-only (while working on {where})",
+        "make it writable and retry",
+    ),
+    SQLITE_FULL: (StoreUnavailable, "the disk holding {file} is full (while working on {where})", "free space and retry"),
+    SQLITE_IOERR: (
+        StoreUnavailable, "disk I/O error on {file} while working on {where} ({error})", "check the disk and retry"
+    ),
+    SQLITE_INTERRUPT: (ProcessingError, "the SQLite call was interrupted while working on {where}", "retry"),
+}
+_KNOWN[SQLITE_LOCKED] = _KNOWN[SQLITE_BUSY]
+_UNKNOWN = (
+    ProcessingError,
+    "SQLite failed while working on {where} ({kind}: {error})",
+    "retry; if it persists, check the file",
+)
+
 
 def primary_code(error: BaseException) -> int | None:
     """The primary SQLite result code of ``error``, or None when it carries none (not a database error)."""
@@ -87,51 +123,16 @@ def map_error(
         The error to raise; the caller chains ``error`` as its cause (or suppresses it on open).
     """
     where = _where(thread_id)
-    file = repr(path)
     primary = primary_code(error)
-    kind: type[ProcessingError] = ProcessingError
     if closed and (isinstance(error, sqlite3.ProgrammingError) or primary is None):
-        kind, problem, advice = StoreClosed, f"the store was closed while working on {where}", "open a new one"
-    elif primary in (SQLITE_BUSY, SQLITE_LOCKED):
-        kind = StoreUnavailable
-        problem = (
-            f"another writer held the SQLite file {file} for longer than the busy timeout ({busy_s:g} s) "
-            f"while working on {where}"
-        )
-        advice = _BUSY_ADVICE
-    elif primary == SQLITE_NOTADB:
-        kind, problem, advice = StoreCorrupt, f"{file} is not a SQLite database (while working on {where})", (
-            "give a store file"
-        )
-    elif primary == SQLITE_CORRUPT:
-        kind, problem, advice = StoreCorrupt, f"the SQLite file {file} is damaged (while working on {where})", (
-            "restore it from a backup"
-        )
-    elif primary == SQLITE_CANTOPEN:
-        kind = StoreUnavailable
-        problem = f"cannot open or create the SQLite file {file} (while working on {where})"
-        advice = "check that its directory exists and is writable"
-    elif primary == SQLITE_READONLY:
-        kind = StoreUnavailable
-        problem = f"the SQLite file {file} or its directory is read-only (while working on {where})"
-        advice = "make it writable and retry"
-    elif primary == SQLITE_FULL:
-        kind, problem, advice = StoreUnavailable, f"the disk holding {file} is full (while working on {where})", (
-            "free space and retry"
-        )
-    elif primary == SQLITE_IOERR:
-        kind = StoreUnavailable
-        problem = f"disk I/O error on {file} while working on {where} ({error})"
-        advice = "check the disk and retry"
-    elif primary == SQLITE_INTERRUPT:
-        problem, advice = f"the SQLite call was interrupted while working on {where}", "retry"
+        kind, problem, advice = StoreClosed, "the store was closed while working on {where}", "open a new one"
     else:
-        problem = f"SQLite failed while working on {where} ({type(error).__name__}: {error})"
-        advice = "retry; if it persists, check the file"
+        kind, problem, advice = _KNOWN.get(primary, _UNKNOWN) if primary is not None else _UNKNOWN
+    problem = problem.format(file=repr(path), where=where, busy_s=busy_s, error=error, kind=type(error).__name__)
     if committing:
         return OutcomeUnknown(operation, f"{problem}, while its COMMIT was in flight")
     if kind is StoreUnavailable:
-        return StoreUnavailable(operation, f"{problem}; nothing was written; {advice}")
+        advice = f"nothing was written; {advice}"
     return kind(operation, f"{problem}; {advice}")
 
 
