@@ -1,4 +1,4 @@
-"""``SqliteRunQueue``: the durable run queue (DESIGN §4) inside a :class:`SqliteCheckpointer`'s file.
+"""``SqliteRunQueue``: the durable run queue inside a ``SqliteCheckpointer``'s file (``store.queue``).
 
 It is the store's ``queue`` attribute and works through the store's
 :class:`~threadloom.persistence.sqlite.connection.Database`, the package's internal interface to the file: every
@@ -18,7 +18,7 @@ the epoch by the store's clock:
 * ``run_queue_runs`` - the RunIds each entry recorded, by ``position`` (0, 1, ...), at most
   :data:`~threadloom.persistence.queue.MAX_RUNS_PER_ENTRY` per entry.
 
-Indexes and the calls they answer (DESIGN §3 rule 9):
+Indexes and the calls they answer (every call reads a bounded number of rows):
 
 * ``run_queue_leasable (entry_id, available_at, lease_expires_at, graph_id, status, thread_head) WHERE
   status = 'open' AND thread_head = 1`` - the lease: the oldest leasable head is the first row of this partial
@@ -146,8 +146,8 @@ def open_runs_in(conn: sqlite3.Connection, thread_ids: Iterable[str]) -> dict[st
     """The RunIds the open entries of each of ``thread_ids`` recorded, read on ``conn`` (inside its transaction).
 
     The store's ``prune`` and ``sweep`` call it inside their write transaction, so an entry finished or a run
-    recorded by another store or process is seen as of the moment the pruning starts (seeds 000: lookupRun,
-    sweep; DESIGN §4). A thread none of whose open entries recorded a run is absent.
+    recorded by another store or process is seen as of the moment the pruning starts. A thread none of whose
+    open entries recorded a run is absent.
     """
     ids = sorted(set(thread_ids))
     if not ids:
