@@ -55,14 +55,20 @@ class _Sealed:
     """
 
     __slots__ = ()
+    _json: str | None
+    _seal: tuple[int, ...]
     _JSON_FIELD: ClassVar[str]
     _JSON_NAME: ClassVar[str]
     _GETTER: ClassVar[Any]
 
     def __attrs_post_init__(self) -> None:
-        text, copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
-        object.__setattr__(self, self._JSON_FIELD, copy)
-        object.__setattr__(self, "_json", text)
+        value = getattr(self, self._JSON_FIELD)
+        if value is None:
+            object.__setattr__(self, "_json", "null")
+        else:
+            text, copy = v.encode_json(self._JSON_NAME, value)
+            object.__setattr__(self, self._JSON_FIELD, copy)
+            object.__setattr__(self, "_json", text)
         object.__setattr__(self, "_seal", tuple(map(id, self._GETTER(self))))
 
     def sealed_json(self) -> str:
@@ -74,7 +80,7 @@ class _Sealed:
         """
         text = self._json
         if text is None or self._seal != tuple(map(id, self._GETTER(self))):
-            attrs.validate(self)
+            attrs.validate(self)  # type: ignore[arg-type]  # every _Sealed is an attrs class
             origin = getattr(self, "origin", None)
             if origin is not None:
                 attrs.validate(origin)
@@ -90,13 +96,6 @@ def _seal(cls: type) -> type:
     names = [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]
     cls._GETTER = operator.attrgetter(*names)  # type: ignore[attr-defined]
     return cls
-
-
-def _sealed_fields() -> tuple[Any, Any]:
-    return (
-        attrs.field(init=False, default=None, eq=False, repr=False, hash=False),
-        attrs.field(init=False, default=(), eq=False, repr=False, hash=False),
-    )
 
 
 def _aware(field: str):
@@ -215,9 +214,8 @@ class Checkpoint(_Sealed):
         default=None, validator=_optional(CheckpointOrigin, "checkpoint.origin")
     )
     metadata: dict[str, str] = attrs.field(factory=dict, converter=_str_map)
-    _json: str | None
-    _seal: tuple[int, ...]
-    _json, _seal = _sealed_fields()
+    _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
+    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "state"
     _JSON_NAME: ClassVar[str] = "checkpoint.state"
 
@@ -231,9 +229,8 @@ class PendingWrite(_Sealed):
     task_id: str = attrs.field(validator=_id("pending_write.task_id"))
     node_id: str = attrs.field(validator=_id("pending_write.node_id"))
     payload: Any = attrs.field(default=None)
-    _json: str | None
-    _seal: tuple[int, ...]
-    _json, _seal = _sealed_fields()
+    _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
+    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "payload"
     _JSON_NAME: ClassVar[str] = "pending_write.payload"
 
@@ -250,9 +247,8 @@ class EventDraft(_Sealed):
     checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("event.checkpoint_id"))
     task_id: str | None = attrs.field(default=None, validator=_opt_id("event.task_id"))
     node_id: str | None = attrs.field(default=None, validator=_opt_id("event.node_id"))
-    _json: str | None
-    _seal: tuple[int, ...]
-    _json, _seal = _sealed_fields()
+    _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
+    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "payload"
     _JSON_NAME: ClassVar[str] = "event.payload"
 
@@ -300,9 +296,8 @@ class EffectRecord(_Sealed):
     result: Any = attrs.field(default=None)
     checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("effect.checkpoint_id"))
     task_id: str | None = attrs.field(default=None, validator=_opt_id("effect.task_id"))
-    _json: str | None
-    _seal: tuple[int, ...]
-    _json, _seal = _sealed_fields()
+    _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
+    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "result"
     _JSON_NAME: ClassVar[str] = "effect.result"
 

@@ -129,16 +129,16 @@ def encode_event(record: EventRecord) -> str:
     """JSON text of an event record (every field). The write path uses :mod:`threadloom.persistence.encoded`."""
     return dumps(
         {
-            "seq": record.seq,
             "thread_id": record.thread_id,
+            "seq": record.seq,
             "token": record.token,
             "run_id": record.run_id,
             "type": record.type,
             "timestamp": to_micros(record.timestamp),
+            "payload": record.payload,
             "checkpoint_id": record.checkpoint_id,
             "task_id": record.task_id,
             "node_id": record.node_id,
-            "payload": record.payload,
         }
     )
 

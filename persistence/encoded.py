@@ -22,17 +22,17 @@ from typing import Any
 import attrs
 
 from threadloom.domain import validation as v
+from threadloom.domain.validation import dumps_compact
 from threadloom.domain.clock import to_micros
 from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import _COMMIT_GETTER, trusted, Checkpoint, Commit, EffectRecord, EventDraft, EventRecord, PendingWrite
 
-_ENVELOPE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_quote = json.encoder.encode_basestring  # the C string encoder (ensure_ascii=False): quotes and escapes a str
 
 
-def _with(head: dict[str, Any], key: str, json_text: str) -> str:
-    """The JSON object ``head`` with ``key`` set to the already encoded ``json_text`` (placed last)."""
-    encoded = _ENVELOPE.encode(head)
-    return f'{encoded[:-1]},"{key}":{json_text}}}' if head else f'{{"{key}":{json_text}}}'
+def _q(text: str | None) -> str:
+    """JSON text of a validated id or None (ids hold no surrogates: the constructors refused them)."""
+    return "null" if text is None else _quote(text)
 
 
 @attrs.frozen(slots=True)
@@ -125,11 +125,8 @@ class EncodedCommit:
     events: tuple[EncodedEvent, ...]
     effects: tuple[EncodedEffect, ...]
     source: Commit
-
-    @property
-    def pending_targets(self) -> tuple[tuple[str, str], ...]:
-        """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
-        return tuple((w.task_id, w.checkpoint_id) for w in self.pending_writes)
+    pending_targets: tuple[tuple[str, str], ...]
+    """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
 
 
 def _instance(field: str, value: Any, kind: type) -> Any:
@@ -142,22 +139,19 @@ def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
     """``cp`` encoded for storage with ``fencing_token`` = ``token`` (the store stamps the commit's token)."""
     state = cp.sealed_json()
     origin = cp.origin
-    head = {
-        "id": cp.id,
-        "parent": cp.parent,
-        "thread_id": cp.thread_id,
-        "run_id": cp.run_id,
-        "status": cp.status.value,
-        "created_at": to_micros(cp.created_at),
-        "graph_id": cp.graph_id,
-        "tenant_id": cp.tenant_id,
-        "fencing_token": token,
-        "origin": None
+    origin_text = (
+        "null"
         if origin is None
-        else {"parent_thread": origin.parent_thread, "parent_checkpoint": origin.parent_checkpoint,
-              "task_id": origin.task_id},
-        "metadata": cp.metadata,
-    }
+        else f'{{"parent_thread":{_q(origin.parent_thread)},"parent_checkpoint":{_q(origin.parent_checkpoint)},'
+        f'"task_id":{_q(origin.task_id)}}}'
+    )
+    metadata = dumps_compact(cp.metadata) if cp.metadata else "{}"
+    text = (
+        f'{{"id":{_q(cp.id)},"parent":{_q(cp.parent)},"thread_id":{_q(cp.thread_id)},"run_id":{_q(cp.run_id)},'
+        f'"status":"{cp.status.value}","created_at":{to_micros(cp.created_at)},"graph_id":{_q(cp.graph_id)},'
+        f'"tenant_id":{_q(cp.tenant_id)},"fencing_token":{"null" if token is None else int(token)},'
+        f'"origin":{origin_text},"metadata":{metadata},"state":{state}}}'
+    )
     return EncodedCheckpoint(
         id=cp.id,
         parent=cp.parent,
@@ -167,45 +161,37 @@ def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
         tenant_id=cp.tenant_id,
         graph_id=cp.graph_id,
         origin_parent=None if origin is None else origin.parent_thread,
-        text=_with(head, "state", state),
+        text=text,
         value=cp,
     )
 
 
 def encode_pending_write(pw: PendingWrite) -> EncodedWrite:
     """A pending write encoded for storage."""
-    payload = pw.sealed_json()
-    head = {"checkpoint_id": pw.checkpoint_id, "task_id": pw.task_id, "node_id": pw.node_id}
-    return EncodedWrite(checkpoint_id=pw.checkpoint_id, task_id=pw.task_id, text=_with(head, "payload", payload))
+    text = (
+        f'{{"checkpoint_id":{_q(pw.checkpoint_id)},"task_id":{_q(pw.task_id)},"node_id":{_q(pw.node_id)},'
+        f'"payload":{pw.sealed_json()}}}'
+    )
+    return EncodedWrite(checkpoint_id=pw.checkpoint_id, task_id=pw.task_id, text=text)
 
 
 def encode_event(draft: EventDraft, thread_id: str, token: int) -> EncodedEvent:
     """An event draft encoded for storage, to be numbered by the store (:meth:`EncodedEvent.text`)."""
-    payload = draft.sealed_json()
-    head = {
-        "thread_id": thread_id,
-        "token": token,
-        "run_id": draft.run_id,
-        "type": draft.type,
-        "timestamp": to_micros(draft.timestamp),
-        "checkpoint_id": draft.checkpoint_id,
-        "task_id": draft.task_id,
-        "node_id": draft.node_id,
-    }
-    return EncodedEvent(draft, thread_id, token, _with(head, "payload", payload)[1:])
+    tail = (
+        f'"thread_id":{_q(thread_id)},"token":{int(token)},"run_id":{_q(draft.run_id)},"type":{_q(draft.type)},'
+        f'"timestamp":{to_micros(draft.timestamp)},"checkpoint_id":{_q(draft.checkpoint_id)},'
+        f'"task_id":{_q(draft.task_id)},"node_id":{_q(draft.node_id)},"payload":{draft.sealed_json()}}}'
+    )
+    return EncodedEvent(draft, thread_id, token, tail)
 
 
 def encode_effect(effect: EffectRecord) -> EncodedEffect:
     """An effect record encoded for storage."""
-    result = effect.sealed_json()
-    head = {
-        "key": effect.key,
-        "run_id": effect.run_id,
-        "recorded_at": to_micros(effect.recorded_at),
-        "checkpoint_id": effect.checkpoint_id,
-        "task_id": effect.task_id,
-    }
-    return EncodedEffect(key=effect.key, text=_with(head, "result", result))
+    text = (
+        f'{{"key":{_q(effect.key)},"run_id":{_q(effect.run_id)},"recorded_at":{to_micros(effect.recorded_at)},'
+        f'"checkpoint_id":{_q(effect.checkpoint_id)},"task_id":{_q(effect.task_id)},"result":{effect.sealed_json()}}}'
+    )
+    return EncodedEffect(key=effect.key, text=text)
 
 
 def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
@@ -262,4 +248,5 @@ def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
         events=events,
         effects=effects,
         source=commit,
+        pending_targets=tuple((w.task_id, w.checkpoint_id) for w in writes),
     )
