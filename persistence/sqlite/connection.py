@@ -149,7 +149,8 @@ class Database:
     def failure(
         self, error: BaseException, operation: str, thread_id: str | None, *, committing: bool = False
     ) -> ProcessingError:
-        """The threadloom error of the driver error ``error`` (:func:`~threadloom.persistence.sqlite.errors.map_error`)."""
+        """The threadloom error of the driver error ``error``, mapped by
+        :func:`~threadloom.persistence.sqlite.errors.map_error`."""
         return map_error(
             error,
             operation=operation,

@@ -69,7 +69,9 @@ _KNOWN: dict[int, tuple[type[ProcessingError], str, str]] = {
         "the SQLite file {file} or its directory is read-only (while working on {where})",
         "make it writable and retry",
     ),
-    SQLITE_FULL: (StoreUnavailable, "the disk holding {file} is full (while working on {where})", "free space and retry"),
+    SQLITE_FULL: (
+        StoreUnavailable, "the disk holding {file} is full (while working on {where})", "free space and retry"
+    ),
     SQLITE_IOERR: (
         StoreUnavailable, "disk I/O error on {file} while working on {where} ({error})", "check the disk and retry"
     ),
@@ -124,6 +126,7 @@ def map_error(
     """
     where = _where(thread_id)
     primary = primary_code(error)
+    kind: type[ProcessingError]
     if closed and (isinstance(error, sqlite3.ProgrammingError) or primary is None):
         kind, problem, advice = StoreClosed, "the store was closed while working on {where}", "open a new one"
     else:

@@ -270,8 +270,9 @@ class SqliteRunQueue(RunQueue):
         return entry
 
     def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
+        kinds: tuple[str, ...] = ()
         if graph_ids is None:
-            sql, kinds = _SQL_Q_NEXT, ()
+            sql = _SQL_Q_NEXT
         else:
             sql, kinds = _SQL_Q_NEXT_OF, (codec.dumps(sorted(graph_ids)),)
         # A read first: an idle worker polling an empty queue never takes the file's write lock. The write

@@ -72,7 +72,8 @@ def prune_row(
             oldest_kept_mark = found[0]
             keep = None
             if protected:
-                positions = conn.execute(sql.PROTECTED_POSITIONS, (thread_id, codec.dumps(sorted(protected)))).fetchall()
+                runs = codec.dumps(sorted(protected))
+                positions = conn.execute(sql.PROTECTED_POSITIONS, (thread_id, runs)).fetchall()
                 keep = codec.dumps(sorted({p for (p,) in positions if p is not None}))
             if cutoff is not None:
                 if keep is None:

@@ -33,7 +33,7 @@ from typing import Any
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock, from_micros, to_micros
-from threadloom.domain.errors import CheckpointNotFound, StaleClaim, StoreCorrupt, ThreadBusy, ValidationError
+from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, ThreadBusy, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointStatus,
@@ -166,7 +166,10 @@ class SqliteCheckpointer(Checkpointer):
                 threadloom; not retryable.
         """
         absolute = _check_path(path)
-        clock = SystemClock() if clock is None else check_clock("clock", clock)
+        if clock is None:
+            clock = SystemClock()
+        else:
+            check_clock("clock", clock)
         v.check_positive_duration("busy_timeout", busy_timeout)
         if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValidationError("synchronous", (f"must be one of {sorted(SYNCHRONOUS_MODES)}, got {synchronous!r}",))
@@ -504,7 +507,8 @@ class SqliteCheckpointer(Checkpointer):
 
     @staticmethod
     def _summary(row: _Row, now: datetime) -> ThreadSummary:
-        thread_id, tenant_id, status, claim_token, claim_expires, metadata_text, updated_at, latest_id, run_id, graph = row
+        (thread_id, tenant_id, status, claim_token, claim_expires, metadata_text, updated_at, latest_id, run_id,
+         graph) = row
         metadata = codec.decode_metadata(metadata_text, thread_id)
         live = claim_token is not None and rules.claim_is_live(from_micros(claim_expires), now)
         try:
@@ -535,7 +539,8 @@ class SqliteCheckpointer(Checkpointer):
 
     def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
         now = self._db.now()
-        rows = self._db.fetch_all("incomplete", None, *sql.incomplete_statement(tenant_id, limit, after, to_micros(now)))
+        statement = sql.incomplete_statement(tenant_id, limit, after, to_micros(now))
+        rows = self._db.fetch_all("incomplete", None, *statement)
         summaries = [self._summary(row, now) for row in rows]
         return ThreadPage.of([s for s in summaries if s.status is ThreadStatus.IDLE], limit)
 
