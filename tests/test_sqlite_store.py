@@ -719,11 +719,11 @@ def _batched(store: SqliteCheckpointer, calls: list[Callable[[], Any]]) -> tuple
     store._db.write_lock.acquire()  # holds every batch of this store at its start
     workers = [threading.Thread(target=run, args=(0,))]
     workers[0].start()
-    wait_until(lambda: store._db.leading and not store._db.queue)  # the first leads a batch of its own
+    wait_until(lambda: store._db.leading and not store._db.waiting)  # the first leads a batch of its own
     for index in range(1, len(calls)):
         workers.append(threading.Thread(target=run, args=(index,)))
         workers[-1].start()
-    wait_until(lambda: len(store._db.queue) == len(calls) - 1)
+    wait_until(lambda: len(store._db.waiting) == len(calls) - 1)
 
     def finish() -> None:
         store._db.write_lock.release()

@@ -124,7 +124,7 @@ class Database:
         self.idle: list[sqlite3.Connection] = []
         self._pool_lock = threading.Lock()
         self._closed = False
-        self.queue: list[_Write] = []  # writes waiting for the next batch
+        self.waiting: list[_Write] = []  # writes waiting for the next batch (group commit)
         self._queue_lock = threading.Lock()
         self.leading = False
         self._last_batch = 0
@@ -277,7 +277,7 @@ class Database:
         with self._queue_lock:
             lead = not self.leading
             request = _Write(operation, thread_id, work, args, None if lead else threading.Event())
-            self.queue.append(request)
+            self.waiting.append(request)
             self.leading = True
         if not lead:
             assert request.wake is not None
@@ -292,8 +292,8 @@ class Database:
         if self._last_batch > 1:
             time.sleep(0)  # writers are concurrent: let the ones just woken queue up to join this batch
         with self._queue_lock:
-            batch = self.queue[:MAX_WRITE_BATCH]
-            del self.queue[:MAX_WRITE_BATCH]
+            batch = self.waiting[:MAX_WRITE_BATCH]
+            del self.waiting[:MAX_WRITE_BATCH]
         self._last_batch = len(batch)
         try:
             self._run_batch(batch)
@@ -306,7 +306,7 @@ class Database:
             for request in batch:
                 request.finished = True
             with self._queue_lock:
-                successor = self.queue[0] if self.queue else None
+                successor = self.waiting[0] if self.waiting else None
                 if successor is None:
                     self.leading = False
             for request in batch:
