@@ -37,7 +37,7 @@ from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
-from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 
 MAX_ERROR_LENGTH = 4000
@@ -72,7 +72,7 @@ class RunQueue(abc.ABC):
 
     def _ensure_open(self, operation: str) -> None:
         if self.closed:
-            raise ProcessingError(operation, "the store is closed; open a new one")
+            raise StoreClosed(operation, "the store is closed; open a new one")
 
     # -- writes -----------------------------------------------------------------------------------------------
 

@@ -114,7 +114,7 @@ class VmSteps:
 
     def __init__(self, store: SqliteCheckpointer) -> None:
         store.latest("warm-up")
-        (self.conn,) = store._idle
+        (self.conn,) = store._db.idle
         self.count = 0
 
     def __call__(self, call: Callable[[], Any]) -> int:

@@ -41,6 +41,7 @@ from threadloom import (
     ThreadloomError,
     ValidationError,
 )
+from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
 from threadloom.persistence.sqlite import queue as sqlite_queue
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
@@ -307,8 +308,8 @@ def test_a_file_of_the_previous_schema_version_migrates_forward(
 ) -> None:
     assert sqlite_store.SCHEMA_VERSION == 2 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
     with monkeypatch.context() as patch:  # this code as it was before the queue: schema version 1
-        patch.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:1])
-        patch.setattr(sqlite_store, "SCHEMA_VERSION", 1)
+        patch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:1])
+        patch.setattr(sqlite_schema, "SCHEMA_VERSION", 1)
         with SqliteCheckpointer.open(path, clock=clock) as old:
             r1 = _commit_run(old, "t1", "r1", None, 2)
             later = _commit_run(old, "t1", "r2", r1[-1], 2)
@@ -352,8 +353,8 @@ def test_a_file_of_the_queue_version_is_refused_by_the_previous_code(
     path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     SqliteCheckpointer.open(path, clock=clock).close()
-    monkeypatch.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:1])
-    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", 1)
+    monkeypatch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_schema, "SCHEMA_VERSION", 1)
     with pytest.raises(ProcessingError, match="newer"):
         SqliteCheckpointer.open(path, clock=clock)
 

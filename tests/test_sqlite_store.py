@@ -22,7 +22,14 @@ import threadloom
 from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import open_store
 from threadloom.domain.clock import ManualClock
-from threadloom.domain.errors import OutcomeUnknown, ProcessingError, StoreCorrupt, ValidationError
+from threadloom.domain.errors import (
+    OutcomeUnknown,
+    ProcessingError,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
+    ValidationError,
+)
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
@@ -34,10 +41,12 @@ from threadloom.domain.values import (
     PendingWrite,
     RetentionPolicy,
     SweepPolicy,
+    ThreadCursor,
     ThreadQuery,
     ThreadStatus,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
 from threadloom.persistence.sqlite.store import SYNCHRONOUS, SqliteCheckpointer
 from threadloom.testing.harness import START
@@ -112,10 +121,10 @@ def test_file_is_in_wal_mode_with_the_chosen_synchronous(path: str, store: Sqlit
     assert SYNCHRONOUS == "NORMAL"
     store.latest("t")  # a connection in the pool
     levels = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
-    assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in store._idle] == [levels[SYNCHRONOUS]]
+    assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in store._db.idle] == [levels[SYNCHRONOUS]]
     with SqliteCheckpointer.open(path, synchronous="full") as durable:
         durable.latest("t")
-        assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in durable._idle] == [2]
+        assert [conn.execute("PRAGMA synchronous").fetchone()[0] for conn in durable._db.idle] == [2]
 
 
 def test_schema_version_is_recorded_once(path: str, clock: ManualClock) -> None:
@@ -130,6 +139,7 @@ def test_a_file_of_a_newer_schema_is_refused(path: str, clock: ManualClock) -> N
     raw(path).execute("INSERT INTO schema_version VALUES (?, 0)", (sqlite_store.SCHEMA_VERSION + 1,))
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(path, clock=clock)
+    assert type(info.value) is StoreCorrupt
     assert info.value.operation == "open"
     assert "newer" in info.value.message
 
@@ -211,6 +221,7 @@ def test_a_missing_directory_is_a_processing_error_without_a_sqlite_traceback(tm
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(target)
     error = info.value
+    assert type(error) is StoreUnavailable  # retryable once the directory is there
     assert error.operation == "open"
     assert str(target) in error.message and "directory exists" in error.message
     assert error.__cause__ is None and error.__suppress_context__
@@ -223,6 +234,7 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: pathl
     target.write_bytes(content)
     with pytest.raises(ProcessingError) as info:
         SqliteCheckpointer.open(target)
+    assert type(info.value) is StoreCorrupt and not info.value.retryable
     assert info.value.operation == "open"
     assert "not a SQLite database" in info.value.message
     assert info.value.__cause__ is None
@@ -326,7 +338,8 @@ def test_a_writer_holding_the_file_past_the_busy_timeout_is_a_processing_error(
         try:
             with pytest.raises(ProcessingError) as info:
                 store.claim("u", ClaimRequest(holder="r", ttl=LONG))
-            assert type(info.value) is ProcessingError  # nothing was in flight: not OutcomeUnknown
+            assert type(info.value) is StoreUnavailable  # nothing was in flight: not OutcomeUnknown
+            assert info.value.retryable
             assert info.value.operation == "claim"
             assert "'u'" in info.value.message and "busy timeout" in info.value.message
             # Readers never wait for a writer (WAL): one snapshot, the last committed state.
@@ -352,13 +365,13 @@ def _arm_on(conn: sqlite3.Connection, statement: str) -> dict[str, bool]:
 
 def test_a_failure_of_the_commit_statement_is_outcome_unknown(store: SqliteCheckpointer, clock: ManualClock) -> None:
     thread = Thread(store, clock, "t")
-    (conn,) = store._idle
+    (conn,) = store._db.idle
     armed = _arm_on(conn, "COMMIT")
     with pytest.raises(OutcomeUnknown) as info:
         store.commit("t", Commit(token=thread.token, events=[EventDraft(run_id="r", type="e", timestamp=clock.now())]))
     assert info.value.operation == "commit" and "'t'" in info.value.message
     armed["on"] = False
-    assert store._idle == []  # the failed connection was not pooled again
+    assert store._db.idle == []  # the failed connection was not pooled again
     assert store.events_after("t", 0, 10) == []  # here it did not apply; the store is still usable
     assert len(store.commit("t", Commit(token=thread.token, events=[
         EventDraft(run_id="r", type="e", timestamp=clock.now())]))) == 1
@@ -368,7 +381,7 @@ def test_a_failure_before_the_commit_statement_is_a_plain_processing_error(
     store: SqliteCheckpointer, clock: ManualClock
 ) -> None:
     thread = Thread(store, clock, "t")
-    (conn,) = store._idle
+    (conn,) = store._db.idle
     _arm_on(conn, "INSERT INTO EVENTS")
     with pytest.raises(ProcessingError) as info:
         store.commit("t", Commit(token=thread.token, events=[EventDraft(run_id="r", type="e", timestamp=clock.now())]))
@@ -378,11 +391,11 @@ def test_a_failure_before_the_commit_statement_is_a_plain_processing_error(
 
 def test_a_read_only_connection_is_a_processing_error(store: SqliteCheckpointer, clock: ManualClock) -> None:
     store.latest("t")
-    (conn,) = store._idle
+    (conn,) = store._db.idle
     conn.execute("PRAGMA query_only = ON")
     with pytest.raises(ProcessingError) as info:
         store.claim("t", ClaimRequest(holder="r", ttl=LONG))
-    assert type(info.value) is ProcessingError and "read-only" in info.value.message
+    assert type(info.value) is StoreUnavailable and "read-only" in info.value.message
 
 
 def test_the_error_mapping_classifies_real_driver_errors(tmp_path: pathlib.Path, store: SqliteCheckpointer) -> None:
@@ -401,18 +414,125 @@ def test_the_error_mapping_classifies_real_driver_errors(tmp_path: pathlib.Path,
     read_only = raw(str(tmp_path / "ro.db"))
     read_only.execute("PRAGMA query_only = ON")
     cases = {
-        "not a SQLite database": caught(lambda: sqlite3.connect(garbage).execute("SELECT * FROM sqlite_master")),
-        "directory exists": caught(lambda: sqlite3.connect(tmp_path / "no" / "such.db")),
-        "busy timeout": caught(lambda: waiter.execute("BEGIN IMMEDIATE")),
-        "read-only": caught(lambda: read_only.execute("CREATE TABLE t (x)")),
-        "SQLite failed": caught(lambda: read_only.execute("SELECT * FROM no_such_table")),
+        "not a SQLite database": (StoreCorrupt, caught(lambda: sqlite3.connect(garbage).execute("SELECT * FROM sqlite_master"))),
+        "directory exists": (StoreUnavailable, caught(lambda: sqlite3.connect(tmp_path / "no" / "such.db"))),
+        "busy timeout": (StoreUnavailable, caught(lambda: waiter.execute("BEGIN IMMEDIATE"))),
+        "read-only": (StoreUnavailable, caught(lambda: read_only.execute("CREATE TABLE t (x)"))),
+        "SQLite failed": (ProcessingError, caught(lambda: read_only.execute("SELECT * FROM no_such_table"))),
     }
-    for expected, error in cases.items():
-        mapped = store._failure(error, "claim", "t")
-        assert type(mapped) is ProcessingError and expected in mapped.message and "'t'" in mapped.message, mapped
-        in_flight = store._failure(error, "commit", "t", committing=True)
+    for expected, (kind, error) in cases.items():
+        mapped = store._db.failure(error, "claim", "t")
+        assert type(mapped) is kind and expected in mapped.message and "'t'" in mapped.message, mapped
+        assert mapped.retryable is (kind is StoreUnavailable)
+        in_flight = store._db.failure(error, "commit", "t", committing=True)
         assert type(in_flight) is OutcomeUnknown and in_flight.operation == "commit"
     locked.execute("ROLLBACK")
+
+
+def test_a_full_disk_is_store_unavailable_and_the_retry_applies(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    thread = Thread(store, clock, "t")
+    thread.step(events=1)
+    (conn,) = store._db.idle
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: SQLITE_FULL, a real driver error
+    cid = f"t-c{thread.count + 1}"
+    big = Commit(
+        token=thread.token,
+        checkpoint=Checkpoint(id=cid, parent=thread.latest, thread_id="t", run_id="run-1",
+                              status=CheckpointStatus.RUNNING, created_at=clock.now(), state={"blob": "x" * 50_000}),
+        events=[EventDraft(run_id="run-1", type="e", timestamp=clock.now())],
+    )
+    with pytest.raises(ProcessingError) as info:
+        store.commit("t", big)
+    assert type(info.value) is StoreUnavailable and info.value.retryable
+    assert "full" in info.value.message and "'t'" in info.value.message and "nothing was written" in info.value.message
+    assert [cp.id for cp in store.history("t", limit=5)] == [thread.latest]
+    assert [e.seq for e in store.events_after("t", 0, 10)] == [1]
+    assert [r.seq for r in store.commit("t", big)] == [2]  # the connection that failed was dropped
+    assert store.latest("t").checkpoint.id == cid  # type: ignore[union-attr]
+
+
+def test_a_closed_store_and_its_queue_refuse_with_store_closed(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    Thread(store, clock, "t")
+    (conn,) = store._db.idle
+    store.close()
+    with pytest.raises(sqlite3.ProgrammingError) as info:  # close() closed the idle connection
+        conn.execute("SELECT 1")
+    assert type(store._db.failure(info.value, "latest", "t")) is StoreClosed
+    for call in (lambda: store.latest("t"), lambda: store.queue.entry(1), lambda: store.queue.lease("w", LONG)):
+        with pytest.raises(StoreClosed) as refused:
+            call()
+        assert not refused.value.retryable and "closed" in refused.value.message
+
+
+# -- the statements of a commit ----------------------------------------------------------------------------------------
+
+
+def test_a_step_commit_runs_five_statements_in_its_transaction(store: SqliteCheckpointer, clock: ManualClock) -> None:
+    """A checkpoint, a pending write and an event: the thread's row read, the checkpoint's insert (also the
+    duplicate check), the pending write put in place of the old one, the event's insert, the thread's row update."""
+    thread = Thread(store, clock, "t")
+
+    def write(n: int) -> PendingWrite:
+        return PendingWrite(checkpoint_id=f"t-c{n}", task_id="task", node_id="n", payload=n)
+
+    thread.step(pending_writes=[write(1)])
+    (conn,) = store._db.idle
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    thread.step(pending_writes=[write(2)])
+    conn.set_trace_callback(None)
+    assert [" ".join(statement.split()[:3]) for statement in seen] == [
+        "BEGIN IMMEDIATE",
+        "SELECT claim_token, next_seq,",
+        "INSERT INTO checkpoints",
+        "INSERT INTO pending",
+        "INSERT INTO events",
+        "UPDATE threads SET",
+        "COMMIT",
+    ]
+    assert store.latest("t").pending_writes == (write(2),)  # type: ignore[union-attr]
+
+
+def test_a_new_checkpoint_leaves_exactly_its_own_pending_writes_in_the_file(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+
+    def writes(n: int, count: int) -> list[PendingWrite]:
+        return [PendingWrite(checkpoint_id=f"t-c{n}", task_id=f"task{i}", node_id="n", payload=[n, i]) for i in range(count)]
+
+    for n, count in enumerate([3, 1, 2, 0, 2], start=1):
+        thread.step(pending_writes=writes(n, count))
+        rows = raw(path).execute("SELECT idx FROM pending WHERE thread_id = 't' ORDER BY idx").fetchall()
+        assert rows == [(i,) for i in range(count)], (n, rows)
+        assert store.latest("t").pending_writes == tuple(writes(n, count))  # type: ignore[union-attr]
+    store.commit("t", Commit(token=thread.token, pending_writes=writes(5, 3)[2:]))  # appended after the two
+    assert store.latest("t").pending_writes == (*writes(5, 2), writes(5, 3)[2])  # type: ignore[union-attr]
+
+
+def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract_cut(
+    store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+    thread.step(status=CheckpointStatus.COMPLETED)
+    thread.step(events=2)
+
+    def checkpoint(cid: str, parent: str | None) -> Checkpoint:
+        return Checkpoint(id=cid, parent=parent, thread_id="t", run_id="run-1", status=CheckpointStatus.RUNNING,
+                          created_at=clock.now())
+
+    misdirected = [PendingWrite(checkpoint_id="elsewhere", task_id="task", node_id="n")]
+    for commit in (
+        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c2"), pending_writes=misdirected),
+        # the retract turn would cut t-c2, but the history holds it when the commit is checked
+        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c1"), retract_turn=True, pending_writes=misdirected),
+    ):
+        with pytest.raises(threadloom.InvalidCommit) as info:
+            store.commit("t", commit)
+        assert "already in the history" in info.value.reason
+        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c2", "t-c1"]
+        assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2, 3]
 
 
 # -- threads of one process ------------------------------------------------------------------------------------------
@@ -465,28 +585,27 @@ _ALLOWED_PLAN = re.compile(
 
 
 def _registry_statements() -> Iterator[str]:
-    columns = sqlite_store._REGISTRY_COLUMNS
-    base = " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"
-    optional = [
-        " AND (updated_at, thread_id) < (:after_at, :after_id)",
-        " AND updated_at >= :since",
-        " AND latest_graph_id = :graph",
-        f" AND {sqlite_store._SQL_STATUS} IN (:s0, :s1)",
-    ]
-    for mask in itertools.product([False, True], repeat=len(optional)):
-        extra = "".join(part for part, on in zip(optional, mask) if on)
-        yield columns + base + extra + " ORDER BY updated_at DESC, thread_id DESC LIMIT :limit"
-    for cursor in ("", " AND (updated_at, thread_id) > (:after_at, :after_id)"):
-        yield sqlite_store._SQL_INCOMPLETE + cursor + " ORDER BY updated_at, thread_id LIMIT :limit"
+    """Every shape of the registry's queries: each combination of ``threads``' options, ``incomplete`` with and
+    without a cursor."""
+    cursor = ThreadCursor(updated_at=START, thread_id="t")
+    for after, since, graph, statuses in itertools.product([False, True], repeat=4):
+        query = ThreadQuery(
+            tenant_id="tenant",
+            after=cursor if after else None,
+            updated_since=START if since else None,
+            graph_id="g" if graph else None,
+            statuses=frozenset({ThreadStatus.IDLE, ThreadStatus.RUNNING}) if statuses else None,
+        )
+        statement = sqlite_schema.threads_statement(query, 0)
+        assert statement is not None
+        yield statement[0]
+    for after in (None, cursor):
+        yield sqlite_schema.incomplete_statement("tenant", 10, after, 0)[0]
 
 
 def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCheckpointer) -> None:
     conn = raw(path)
-    statements = {
-        name: sql
-        for name, sql in vars(sqlite_store).items()
-        if name.startswith("_SQL_") and name not in ("_SQL_STATUS", "_SQL_INCOMPLETE")
-    }
+    statements = dict(sqlite_schema.STATEMENTS)
     statements.update({f"registry{i}": sql for i, sql in enumerate(_registry_statements())})
     assert len(statements) > 60
     bad = {}
@@ -497,17 +616,17 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
             bad[name] = plan
     assert not bad, bad
     expected = {
-        "_SQL_HISTORY": "USING PRIMARY KEY (thread_id=?)",
-        "_SQL_HISTORY_BEFORE": "USING PRIMARY KEY (thread_id=? AND position<?)",
-        "_SQL_LATEST": "USING PRIMARY KEY (thread_id=?)",
-        "_SQL_CHECKPOINT": "checkpoints_id (thread_id=? AND id=?)",
-        "_SQL_LOOKUP_RUN": "checkpoints_run (thread_id=? AND run_id=?)",
-        "_SQL_CHILDREN": "children_listed (parent=? AND place>?)",
-        "_SQL_EVENTS": "events USING PRIMARY KEY (thread_id=? AND seq>?)",
-        "_SQL_SWEEP_PAGE": "threads USING PRIMARY KEY (thread_id>?)",
-        "_SQL_PRUNE_BY_AGE": "checkpoints_age (thread_id=? AND committed_at<?)",
-        "_SQL_NEWEST_EXPIRED_EVENT": "events_age (thread_id=? AND committed_at<?)",
-        "_SQL_NEWEST_SETTLED": "checkpoints_settled (thread_id=?)",
+        "HISTORY": "USING PRIMARY KEY (thread_id=?)",
+        "HISTORY_BEFORE": "USING PRIMARY KEY (thread_id=? AND position<?)",
+        "LATEST": "USING PRIMARY KEY (thread_id=?)",
+        "CHECKPOINT": "checkpoints_id (thread_id=? AND id=?)",
+        "LOOKUP_RUN": "checkpoints_run (thread_id=? AND run_id=?)",
+        "CHILDREN": "children_listed (parent=? AND place>?)",
+        "EVENTS": "events USING PRIMARY KEY (thread_id=? AND seq>?)",
+        "SWEEP_PAGE": "threads USING PRIMARY KEY (thread_id>?)",
+        "PRUNE_BY_AGE": "checkpoints_age (thread_id=? AND committed_at<?)",
+        "NEWEST_EXPIRED_EVENT": "events_age (thread_id=? AND committed_at<?)",
+        "NEWEST_SETTLED": "checkpoints_settled (thread_id=?)",
         "registry0": "threads_registry (latest_tenant=?)",
         "registry15": "threads_registry (latest_tenant=?",
         "registry16": "threads_incomplete (latest_tenant=?)",
@@ -597,17 +716,17 @@ def _batched(store: SqliteCheckpointer, calls: list[Callable[[], Any]]) -> tuple
             threading.Event().wait(0.001)
         raise AssertionError("the writes did not queue up")
 
-    store._write_lock.acquire()  # holds every batch of this store at its start
+    store._db.write_lock.acquire()  # holds every batch of this store at its start
     workers = [threading.Thread(target=run, args=(0,))]
     workers[0].start()
-    wait_until(lambda: store._leading and not store._queue)  # the first leads a batch of its own
+    wait_until(lambda: store._db.leading and not store._db.waiting)  # the first leads a batch of its own
     for index in range(1, len(calls)):
         workers.append(threading.Thread(target=run, args=(index,)))
         workers[-1].start()
-    wait_until(lambda: len(store._queue) == len(calls) - 1)
+    wait_until(lambda: len(store._db.waiting) == len(calls) - 1)
 
     def finish() -> None:
-        store._write_lock.release()
+        store._db.write_lock.release()
         for worker in workers:
             worker.join(timeout=60)
 
@@ -638,7 +757,7 @@ def test_a_failed_commit_of_a_batch_is_outcome_unknown_for_each_write_it_held(
     store: SqliteCheckpointer, clock: ManualClock
 ) -> None:
     threads = [Thread(store, clock, f"t{i}") for i in range(4)]
-    (conn,) = store._idle
+    (conn,) = store._db.idle
     commits = {"seen": 0}
 
     def trace(sql: str) -> None:

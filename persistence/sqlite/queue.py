@@ -1,13 +1,14 @@
-"""``SqliteRunQueue``: the durable run queue (DESIGN §4) inside a :class:`SqliteCheckpointer`'s file.
+"""``SqliteRunQueue``: the durable run queue inside a ``SqliteCheckpointer``'s file (``store.queue``).
 
-It is the store's ``queue`` attribute and works through the store itself: every write is one of the store's
-``BEGIN IMMEDIATE`` transactions (``SqliteCheckpointer._write``), every read one deferred snapshot or one
-statement (``SqliteCheckpointer._read``), and every driver error goes through the store's one mapping function
-(``SqliteCheckpointer._failure``). Because the write lock of the file is taken before anything is read, two
-leases - from two threads, two stores or two processes over one file - never grant the same entry: the second
-reads the first's lease.
+It is the store's ``queue`` attribute and works through the store's
+:class:`~threadloom.persistence.sqlite.connection.Database`, the package's internal interface to the file: every
+write is one of its ``BEGIN IMMEDIATE`` transactions (:meth:`Database.write`), every read one deferred snapshot or
+one statement (:meth:`Database.read`), and every driver error goes through the package's one mapping function
+(:mod:`threadloom.persistence.sqlite.errors`). Because the write lock of the file is taken before anything is
+read, two leases - from two threads, two stores or two processes over one file - never grant the same entry: the
+second reads the first's lease.
 
-Tables (migration 2 of :data:`threadloom.persistence.sqlite.MIGRATIONS`), times as integer microseconds since
+Tables (migration 2 of :data:`threadloom.persistence.sqlite.schema.MIGRATIONS`), times as integer microseconds since
 the epoch by the store's clock:
 
 * ``run_queue`` - one row per entry. ``entry_id`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``, so an id is never
@@ -17,7 +18,7 @@ the epoch by the store's clock:
 * ``run_queue_runs`` - the RunIds each entry recorded, by ``position`` (0, 1, ...), at most
   :data:`~threadloom.persistence.queue.MAX_RUNS_PER_ENTRY` per entry.
 
-Indexes and the calls they answer (DESIGN §3 rule 9):
+Indexes and the calls they answer (every call reads a bounded number of rows):
 
 * ``run_queue_leasable (entry_id, available_at, lease_expires_at, graph_id, status, thread_head) WHERE
   status = 'open' AND thread_head = 1`` - the lease: the oldest leasable head is the first row of this partial
@@ -37,13 +38,14 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from threadloom.domain.clock import from_micros, to_micros
 from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:
-    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+    from threadloom.persistence.sqlite.connection import Database
 
 QUEUE_MIGRATION: tuple[str, ...] = (
     (
@@ -144,8 +146,8 @@ def open_runs_in(conn: sqlite3.Connection, thread_ids: Iterable[str]) -> dict[st
     """The RunIds the open entries of each of ``thread_ids`` recorded, read on ``conn`` (inside its transaction).
 
     The store's ``prune`` and ``sweep`` call it inside their write transaction, so an entry finished or a run
-    recorded by another store or process is seen as of the moment the pruning starts (seeds 000: lookupRun,
-    sweep; DESIGN §4). A thread none of whose open entries recorded a run is absent.
+    recorded by another store or process is seen as of the moment the pruning starts. A thread none of whose
+    open entries recorded a run is absent.
     """
     ids = sorted(set(thread_ids))
     if not ids:
@@ -157,7 +159,7 @@ def open_runs_in(conn: sqlite3.Connection, thread_ids: Iterable[str]) -> dict[st
 
 
 def _entry_value(row: tuple[Any, ...], run_ids: Iterable[str]) -> QueueEntry:
-    return codec.decode_queue_entry(row, run_ids, codec.from_micros)
+    return codec.decode_queue_entry(row, run_ids, from_micros)
 
 
 def _read_entry(conn: sqlite3.Connection, entry_id: int) -> QueueEntry | None:
@@ -192,26 +194,26 @@ def _later(field: str, now: datetime, span: timedelta) -> datetime:
 
 
 class SqliteRunQueue(RunQueue):
-    """The run queue of one :class:`SqliteCheckpointer` (``store.queue``); built by the store itself.
+    """The run queue of one ``SqliteCheckpointer`` (``store.queue``); built by the store itself.
 
     Safe to call from any number of threads, and from any number of stores and processes over the same file:
-    they all see one queue. It shares the store's connections, transactions, clock, closed state and error
-    mapping.
+    they all see one queue. It shares the store's database: connections, transactions, clock, closed state and
+    error mapping.
 
     Args:
-        store: the store whose file, clock and transactions the queue uses.
+        database: the store's database (its file, clock and transactions).
     """
 
-    def __init__(self, store: SqliteCheckpointer) -> None:
-        self._store = store
+    def __init__(self, database: Database) -> None:
+        self._db = database
 
     def __repr__(self) -> str:
-        return f"SqliteRunQueue({self._store!r})"
+        return f"SqliteRunQueue(path={self._db.path!r})"
 
     @property
     def closed(self) -> bool:
         """True once the store is closed."""
-        return self._store.closed
+        return self._db.closed
 
     # -- helpers (inside a transaction) -----------------------------------------------------------------------
 
@@ -246,7 +248,7 @@ class SqliteRunQueue(RunQueue):
         delay: timedelta,
     ) -> QueueEntry:
         text = codec.dumps(input)
-        return self._store._write("enqueue", thread_id, self._enqueue_work, thread_id, graph_id, text, tenant_id, delay)
+        return self._db.write("enqueue", thread_id, self._enqueue_work, thread_id, graph_id, text, tenant_id, delay)
 
     def _enqueue_work(
         self,
@@ -257,56 +259,57 @@ class SqliteRunQueue(RunQueue):
         tenant_id: str | None,
         delay: timedelta,
     ) -> QueueEntry:
-        now = self._store._now()
+        now = self._db.now()
         available = _later("delay", now, delay)
         (entry_id,) = conn.execute(
             _SQL_Q_ENQUEUE,
-            (thread_id, graph_id, text, tenant_id, codec.to_micros(available), codec.to_micros(now)),
+            (thread_id, graph_id, text, tenant_id, to_micros(available), to_micros(now)),
         ).fetchone()
         entry = _read_entry(conn, entry_id)
         assert entry is not None
         return entry
 
     def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
+        kinds: tuple[str, ...] = ()
         if graph_ids is None:
-            sql, kinds = _SQL_Q_NEXT, ()
+            sql = _SQL_Q_NEXT
         else:
             sql, kinds = _SQL_Q_NEXT_OF, (codec.dumps(sorted(graph_ids)),)
         # A read first: an idle worker polling an empty queue never takes the file's write lock. The write
         # below decides again under that lock, so the read only saves work, never grants anything.
-        now_us = codec.to_micros(self._store._now())
-        if not self._store._read("lease", None, _peek, sql, (now_us, *kinds), snapshot=False):
+        now_us = to_micros(self._db.now())
+        if not self._db.read("lease", None, _peek, sql, (now_us, *kinds), snapshot=False):
             return None
-        return self._store._write("lease", None, self._lease_work, holder, ttl, sql, kinds)
+        return self._db.write("lease", None, self._lease_work, holder, ttl, sql, kinds)
 
     def _lease_work(
         self, conn: sqlite3.Connection, holder: str, ttl: timedelta, sql: str, kinds: tuple[str, ...]
     ) -> Lease | None:
-        now = self._store._now()
+        now = self._db.now()
         expires_at = _later("ttl", now, ttl)
-        row = conn.execute(sql, (codec.to_micros(now), *kinds)).fetchone()
+        row = conn.execute(sql, (to_micros(now), *kinds)).fetchone()
         if row is None:
             return None
         entry_id = row[0]
         previous = conn.execute(_SQL_Q_STATE, (entry_id,)).fetchone()[2]  # an expired lease nobody released
-        conn.execute(_SQL_Q_LEASE, (holder, codec.to_micros(expires_at), entry_id))
+        conn.execute(_SQL_Q_LEASE, (holder, to_micros(expires_at), entry_id))
         entry = _read_entry(conn, entry_id)
         assert entry is not None
         return self._lease_value(entry, previous)
 
     def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
-        return self._store._write("renew_lease", None, self._renew_work, entry_id, attempt, ttl)
+        return self._db.write("renew_lease", None, self._renew_work, entry_id, attempt, ttl)
 
     def _renew_work(self, conn: sqlite3.Connection, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
         self._current(conn, entry_id, attempt)
-        expires_at = _later("ttl", self._store._now(), ttl)
-        conn.execute(_SQL_Q_RENEW, (codec.to_micros(expires_at), entry_id))
+        expires_at = _later("ttl", self._db.now(), ttl)
+        conn.execute(_SQL_Q_RENEW, (to_micros(expires_at), entry_id))
         entry = _read_entry(conn, entry_id)
         assert entry is not None
         return self._lease_value(entry)
 
     def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
-        return self._store._write("record_run", None, self._record_work, entry_id, attempt, run_id)
+        return self._db.write("record_run", None, self._record_work, entry_id, attempt, run_id)
 
     def _record_work(self, conn: sqlite3.Connection, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
         self._current(conn, entry_id, attempt)
@@ -323,7 +326,7 @@ class SqliteRunQueue(RunQueue):
         return entry
 
     def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry:
-        return self._store._write("finish", None, self._finish_work, entry_id, attempt, status, error)
+        return self._db.write("finish", None, self._finish_work, entry_id, attempt, status, error)
 
     def _finish_work(
         self, conn: sqlite3.Connection, entry_id: int, attempt: int, status: EntryStatus, error: str | None
@@ -336,7 +339,7 @@ class SqliteRunQueue(RunQueue):
                 (
                     status.value,
                     error if status is EntryStatus.FAILED else None,
-                    codec.to_micros(self._store._now()),
+                    to_micros(self._db.now()),
                     entry_id,
                 ),
             )
@@ -347,26 +350,26 @@ class SqliteRunQueue(RunQueue):
         return entry
 
     def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
-        self._store._write("release_lease", None, self._release_work, entry_id, attempt, delay)
+        self._db.write("release_lease", None, self._release_work, entry_id, attempt, delay)
 
     def _release_work(self, conn: sqlite3.Connection, entry_id: int, attempt: int, delay: timedelta) -> None:
         try:
             self._current(conn, entry_id, attempt)
         except StaleLease:
             return  # not the current lease: changes nothing, like a claim's release
-        available = _later("delay", self._store._now(), delay)
-        conn.execute(_SQL_Q_RELEASE, (codec.to_micros(available), entry_id))
+        available = _later("delay", self._db.now(), delay)
+        conn.execute(_SQL_Q_RELEASE, (to_micros(available), entry_id))
 
     # -- reads ------------------------------------------------------------------------------------------------
 
     def _entry(self, entry_id: int) -> QueueEntry | None:
-        return self._store._read("entry", None, _read_entry, entry_id)
+        return self._db.read("entry", None, _read_entry, entry_id)
 
     def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
-        return self._store._read("entries", None, _read_page, limit, after, status)
+        return self._db.read("entries", None, _read_page, limit, after, status)
 
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
-        return self._store._read("open_runs", None, open_runs_in, thread_ids, snapshot=False)
+        return self._db.read("open_runs", None, open_runs_in, thread_ids, snapshot=False)
 
 
 __all__ = ["QUEUE_MIGRATION", "STATEMENTS", "SqliteRunQueue", "open_runs_in"]

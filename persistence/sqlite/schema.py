@@ -1,0 +1,397 @@
+"""The SQLite store's schema: its numbered migrations, every SQL statement it runs, and opening a file.
+
+Times are integer microseconds since the Unix epoch (UTC), stamped by the store's clock. Every statement is fixed
+text, so sqlite3 prepares it once per connection and reuses it from its statement cache; the registry's queries
+(:func:`threads_statement`, :func:`incomplete_statement`) are assembled from fixed pieces. Every call is answered
+through one of the indexes of :data:`MIGRATIONS` (the README's "Bounded calls"); the tests read each statement's
+query plan from :data:`STATEMENTS`.
+
+Migrations are numbered and recorded in ``schema_version``; :func:`migrate` applies those a file lacks under
+``BEGIN IMMEDIATE``, so any number of processes may open a new file at once, and a file of an earlier version is
+migrated forward when it is opened. A file of a newer version is refused (``StoreCorrupt``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from threadloom.domain.clock import to_micros
+from threadloom.domain.errors import ProcessingError, StoreCorrupt
+from threadloom.domain.values import ThreadCursor, ThreadQuery
+from threadloom.persistence.sqlite.errors import is_busy
+from threadloom.persistence.sqlite.queue import QUEUE_MIGRATION
+
+JOURNAL_MODE = "WAL"
+"""The journal mode the store puts its file in (persistent in the file)."""
+
+JOURNAL_RETRY_FIRST_PAUSE_S = 0.002
+"""First pause, in seconds, before retrying ``PRAGMA journal_mode`` that met another opener (doubles each time)."""
+
+JOURNAL_RETRY_MAX_PAUSE_S = 0.05
+"""Longest pause, in seconds, between retries of ``PRAGMA journal_mode`` (retries end at the busy timeout)."""
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the whole schema. Every call's query is answered through one of these indexes (DESIGN §3 rule 9).
+    (
+        # The store-wide row: the token counter and the reclamation mark (DESIGN §3 rules 2 and 6).
+        "CREATE TABLE store ("
+        " id INTEGER PRIMARY KEY CHECK (id = 1),"
+        " last_token INTEGER NOT NULL,"
+        " mark INTEGER NOT NULL)",
+        "INSERT INTO store (id, last_token, mark) VALUES (1, 0, 0)",
+        # One row per thread the store holds (tombstones included): its claim, numbering, metadata, and its
+        # latest checkpoint's registry fields, denormalized so the registry never reads a checkpoint body.
+        "CREATE TABLE threads ("
+        " thread_id TEXT PRIMARY KEY NOT NULL,"
+        " claim_holder TEXT, claim_token INTEGER, claim_expires INTEGER, claim_tenant TEXT,"
+        " first_seq INTEGER NOT NULL, next_seq INTEGER NOT NULL, floor INTEGER NOT NULL,"
+        " n_checkpoints INTEGER NOT NULL DEFAULT 0,"
+        " n_pending INTEGER NOT NULL DEFAULT 0,"
+        " metadata TEXT,"
+        " deleting INTEGER NOT NULL DEFAULT 0,"
+        " updated_at INTEGER, deleted_at INTEGER,"
+        " latest_id TEXT, latest_position INTEGER, latest_status TEXT, latest_run_id TEXT,"
+        " latest_tenant TEXT, latest_graph_id TEXT, origin_parent TEXT"
+        ") WITHOUT ROWID",
+        # threads(): a tenant's root threads by (updated_at, thread_id).
+        "CREATE INDEX threads_registry ON threads (latest_tenant, updated_at, thread_id)"
+        " WHERE origin_parent IS NULL AND latest_id IS NOT NULL",
+        # incomplete(): a tenant's root threads whose latest checkpoint is RUNNING and no cascade delete began.
+        "CREATE INDEX threads_incomplete ON threads (latest_tenant, updated_at, thread_id)"
+        " WHERE origin_parent IS NULL AND latest_status = 'running' AND deleting = 0",
+        # Tables keyed by (thread, ...) are WITHOUT ROWID: the key's b-tree holds the row, so a write touches
+        # one b-tree fewer (fewer WAL frames per commit); secondary indexes carry the key's columns.
+        # The history: position increases with each commit of a checkpoint to the thread.
+        "CREATE TABLE checkpoints ("
+        " thread_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL, run_id TEXT NOT NULL,"
+        " settled INTEGER NOT NULL, committed_at INTEGER NOT NULL, seq_mark INTEGER NOT NULL,"
+        " body TEXT NOT NULL, PRIMARY KEY (thread_id, position)) WITHOUT ROWID",
+        "CREATE UNIQUE INDEX checkpoints_id ON checkpoints (thread_id, id)",
+        "CREATE INDEX checkpoints_run ON checkpoints (thread_id, run_id, position)",
+        "CREATE INDEX checkpoints_age ON checkpoints (thread_id, committed_at, position)",
+        "CREATE INDEX checkpoints_settled ON checkpoints (thread_id, position) WHERE settled = 1",
+        # The latest checkpoint's pending writes, in commit order.
+        "CREATE TABLE pending ("
+        " thread_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,"
+        " PRIMARY KEY (thread_id, idx)) WITHOUT ROWID",
+        "CREATE TABLE events ("
+        " thread_id TEXT NOT NULL, seq INTEGER NOT NULL, committed_at INTEGER NOT NULL, body TEXT NOT NULL,"
+        " PRIMARY KEY (thread_id, seq)) WITHOUT ROWID",
+        "CREATE INDEX events_age ON events (thread_id, committed_at, seq)",
+        "CREATE TABLE effects ("
+        " thread_id TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,"
+        " PRIMARY KEY (thread_id, key)) WITHOUT ROWID",
+        # Each child's place among a parent's children (the order of its first commit with that origin);
+        # ``listed`` is 1 while the child's latest checkpoint names the parent.
+        "CREATE TABLE children ("
+        " place INTEGER PRIMARY KEY, parent TEXT NOT NULL, child TEXT NOT NULL, listed INTEGER NOT NULL)",
+        "CREATE UNIQUE INDEX children_pair ON children (parent, child)",
+        "CREATE INDEX children_child ON children (child)",
+        "CREATE INDEX children_listed ON children (parent, place) WHERE listed = 1",
+    ),
+    # 2: the durable run queue (DESIGN §4): tables run_queue and run_queue_runs, see
+    # :mod:`threadloom.persistence.sqlite.queue` for the columns and the call each index answers.
+    QUEUE_MIGRATION,
+)
+"""Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+"""The schema version this code writes; a file of a newer version is refused."""
+
+# -- statements, by the operation that runs them -----------------------------------------------------------------
+
+TOKEN = "UPDATE store SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token, mark"
+CLAIM_READ = "SELECT claim_holder, claim_token, claim_expires, claim_tenant, latest_id FROM threads WHERE thread_id = ?"
+CLAIM_WRITE = (
+    "INSERT INTO threads (thread_id, claim_holder, claim_token, claim_expires, claim_tenant,"
+    " first_seq, next_seq, floor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (thread_id) DO UPDATE SET claim_holder = excluded.claim_holder,"
+    " claim_token = excluded.claim_token, claim_expires = excluded.claim_expires,"
+    " claim_tenant = excluded.claim_tenant"
+)
+TOKEN_OF = "SELECT claim_token FROM threads WHERE thread_id = ?"
+RENEW_READ = "SELECT claim_holder, claim_token, claim_tenant FROM threads WHERE thread_id = ?"
+RENEW = "UPDATE threads SET claim_expires = ? WHERE thread_id = ?"
+RELEASE_READ = (
+    "SELECT claim_token, latest_id, n_pending, metadata, deleted_at, first_seq, next_seq FROM threads"
+    " WHERE thread_id = ?"
+)
+RELEASE = (
+    "UPDATE threads SET claim_holder = NULL, claim_token = NULL, claim_expires = NULL, claim_tenant = NULL"
+    " WHERE thread_id = ?"
+)
+FORGETTABLE = (
+    "SELECT (SELECT mark FROM store WHERE id = 1),"
+    " EXISTS (SELECT 1 FROM effects WHERE thread_id = ?1),"
+    " EXISTS (SELECT 1 FROM children WHERE child = ?1)"
+)
+FORGET = "DELETE FROM threads WHERE thread_id = ?"
+COMMIT_READ = (
+    "SELECT claim_token, next_seq, n_checkpoints, n_pending, metadata, deleting, updated_at,"
+    " latest_id, latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent"
+    " FROM threads WHERE thread_id = ?"
+)
+# INDEXED BY: else the planner may walk the history backwards from the latest until a settled checkpoint.
+NEWEST_SETTLED = (
+    "SELECT position, id FROM checkpoints INDEXED BY checkpoints_settled WHERE thread_id = ? AND settled = 1"
+    " ORDER BY position DESC LIMIT 1"
+)
+HAS_CHECKPOINT = "SELECT 1 FROM checkpoints WHERE thread_id = ? AND id = ?"
+CUT_HISTORY = "DELETE FROM checkpoints WHERE thread_id = ? AND position > ?"
+# The insert is also the duplicate check of commit rule 3: the (thread_id, id) unique index refuses an id the
+# history holds, and the caller reads a rowcount of 0 as "already in the history".
+INSERT_CHECKPOINT = (
+    "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
+)
+DROP_PENDING = "DELETE FROM pending WHERE thread_id = ?"
+# A new checkpoint's pending writes take the old latest's places 0, 1, ... in place (an update of the row, not a
+# delete and an insert); only the old writes past the new ones are deleted (DROP_PENDING_FROM).
+PUT_PENDING = (
+    "INSERT INTO pending (thread_id, idx, body) VALUES (?, ?, ?)"
+    " ON CONFLICT (thread_id, idx) DO UPDATE SET body = excluded.body"
+)
+DROP_PENDING_FROM = "DELETE FROM pending WHERE thread_id = ? AND idx >= ?"
+INSERT_EVENT = "INSERT INTO events (thread_id, seq, committed_at, body) VALUES (?, ?, ?, ?)"
+INSERT_EFFECT = "INSERT INTO effects (thread_id, key, body) VALUES (?, ?, ?) ON CONFLICT (thread_id, key) DO NOTHING"
+UNLIST_CHILD = "UPDATE children SET listed = 0 WHERE parent = ? AND child = ?"
+LIST_CHILD = (
+    "INSERT INTO children (parent, child, listed) VALUES (?, ?, 1)"
+    " ON CONFLICT (parent, child) DO UPDATE SET listed = 1"
+)
+# A commit with neither checkpoint nor metadata leaves the registry's indexed columns alone: this narrower
+# statement does not rewrite their index entries.
+COMMIT_WRITE_LOG = "UPDATE threads SET next_seq = ?, n_pending = ? WHERE thread_id = ?"
+COMMIT_WRITE = (
+    "UPDATE threads SET next_seq = ?, n_checkpoints = ?, n_pending = ?, metadata = ?, deleting = ?,"
+    " updated_at = ?, latest_id = ?, latest_position = ?, latest_status = ?, latest_run_id = ?,"
+    " latest_tenant = ?, latest_graph_id = ?, origin_parent = ? WHERE thread_id = ?"
+)
+# The latest checkpoint (kind 0) and its pending writes (kind 1) in one statement: one snapshot, no transaction.
+LATEST = (
+    "SELECT 0, 0, body FROM (SELECT body FROM checkpoints WHERE thread_id = ?1 ORDER BY position DESC LIMIT 1)"
+    " UNION ALL SELECT 1, idx, body FROM pending WHERE thread_id = ?1"
+)
+CHECKPOINT = "SELECT body FROM checkpoints WHERE thread_id = ? AND id = ?"
+POSITION_OF = "SELECT position FROM checkpoints WHERE thread_id = ? AND id = ?"
+HISTORY = "SELECT body FROM checkpoints WHERE thread_id = ? ORDER BY position DESC LIMIT ?"
+HISTORY_BEFORE = (
+    "SELECT body FROM checkpoints WHERE thread_id = ? AND position < ? ORDER BY position DESC LIMIT ?"
+)
+PLACE_OF = "SELECT place FROM children WHERE parent = ? AND child = ?"
+CHILDREN = "SELECT child FROM children WHERE parent = ? AND listed = 1 AND place > ? ORDER BY place LIMIT ?"
+# The thread's numbering (seq NULL) and its events after ``after_seq`` in one statement. Every stored event has
+# seq >= floor >= first_seq, so ``seq > after_seq`` selects what ``seq > read_start(...)`` would.
+EVENTS = (
+    "SELECT NULL, t.first_seq, t.floor, s.mark FROM store AS s LEFT JOIN threads AS t ON t.thread_id = ?1"
+    " WHERE s.id = 1"
+    " UNION ALL SELECT * FROM (SELECT seq, NULL, NULL, body FROM events WHERE thread_id = ?1 AND seq > ?2"
+    " ORDER BY seq LIMIT ?3)"
+)
+COMPACT_READ = "SELECT floor, next_seq FROM threads WHERE thread_id = ?"
+SET_FLOOR = "UPDATE threads SET floor = ? WHERE thread_id = ?"
+DROP_EVENTS_BEFORE = "DELETE FROM events WHERE thread_id = ? AND seq < ?"
+DELETE_READ = "SELECT claim_token, first_seq, next_seq, origin_parent FROM threads WHERE thread_id = ?"
+DELETE_CHECKPOINTS = "DELETE FROM checkpoints WHERE thread_id = ?"
+DELETE_EVENTS = "DELETE FROM events WHERE thread_id = ?"
+DELETE_EFFECTS = "DELETE FROM effects WHERE thread_id = ?"
+TOMBSTONE = (
+    "UPDATE threads SET claim_holder = NULL, claim_token = NULL, claim_expires = NULL, claim_tenant = NULL,"
+    " first_seq = coalesce(?1, first_seq), next_seq = coalesce(?1, next_seq), floor = coalesce(?1, floor),"
+    " n_checkpoints = 0, n_pending = 0, metadata = NULL, deleting = 0, updated_at = NULL, deleted_at = ?2,"
+    " latest_id = NULL, latest_position = NULL, latest_status = NULL, latest_run_id = NULL,"
+    " latest_tenant = NULL, latest_graph_id = NULL, origin_parent = NULL WHERE thread_id = ?3"
+)
+EFFECT = "SELECT body FROM effects WHERE thread_id = ? AND key = ?"
+# The newest checkpoint (by position) of any of the runs in a JSON array: one index probe per run.
+LOOKUP_RUN = (
+    "SELECT body FROM checkpoints WHERE thread_id = ?1 AND position = (SELECT max(p) FROM"
+    " (SELECT (SELECT max(position) FROM checkpoints WHERE thread_id = ?1 AND run_id = j.value) AS p"
+    " FROM json_each(?2) AS j))"
+)
+PROTECTED_POSITIONS = (
+    "SELECT (SELECT max(position) FROM checkpoints WHERE thread_id = ?1 AND run_id = j.value)"
+    " FROM json_each(?2) AS j"
+)
+PRUNE_READ = (
+    "SELECT claim_token, first_seq, next_seq, floor, n_checkpoints, latest_position, n_pending, metadata,"
+    " deleted_at FROM threads WHERE thread_id = ?"
+)
+COUNT_CUTOFF = "SELECT position FROM checkpoints WHERE thread_id = ? ORDER BY position LIMIT 1 OFFSET ?"
+ANY_EXPIRED = (
+    "SELECT 1 FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
+    " LIMIT 1"
+)
+OLDEST_KEPT = "SELECT seq_mark FROM checkpoints WHERE thread_id = ? AND position >= ? ORDER BY position LIMIT 1"
+OLDEST_KEPT_AGED = (
+    "SELECT seq_mark FROM checkpoints WHERE thread_id = ? AND position >= ? AND (committed_at > ? OR position = ?)"
+    " ORDER BY position LIMIT 1"
+)
+PRUNE_BY_COUNT = "DELETE FROM checkpoints WHERE thread_id = ? AND position < ?"
+PRUNE_BY_COUNT_KEEP = (
+    "DELETE FROM checkpoints WHERE thread_id = ? AND position < ? AND position NOT IN (SELECT value FROM json_each(?))"
+)
+PRUNE_BY_AGE = (
+    "DELETE FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
+)
+PRUNE_BY_AGE_KEEP = (
+    "DELETE FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
+    " AND position NOT IN (SELECT value FROM json_each(?))"
+)
+# INDEXED BY: without it the planner may answer max(seq) by walking the log backwards from its newest event.
+NEWEST_EXPIRED_EVENT = "SELECT max(seq) FROM events INDEXED BY events_age WHERE thread_id = ? AND committed_at <= ?"
+PRUNED = "UPDATE threads SET floor = ?, n_checkpoints = ? WHERE thread_id = ?"
+# Thread ids are never empty, so ``after = ''`` starts at the first thread.
+SWEEP_PAGE = "SELECT thread_id FROM threads WHERE thread_id > ? ORDER BY thread_id LIMIT ?"
+HAS_EFFECTS = "SELECT 1 FROM effects WHERE thread_id = ? LIMIT 1"
+RAISE_MARK = "UPDATE store SET mark = max(mark, ?) WHERE id = 1"
+RECLAIM_CHILD = "DELETE FROM children WHERE child = ?"
+REGISTRY_SELECT = (
+    "SELECT thread_id, latest_tenant, latest_status, claim_token, claim_expires, metadata, updated_at, latest_id,"
+    " latest_run_id, latest_graph_id FROM threads"
+)
+# ThreadStatus as rules.thread_status decides it, for filtering in SQL (``:now`` is the store clock's reading).
+STATUS_CASE = (
+    "(CASE WHEN deleting = 1 THEN 'deleted'"
+    " WHEN claim_token IS NOT NULL AND claim_expires > :now THEN 'running'"
+    " WHEN latest_status = 'running' THEN 'idle' ELSE latest_status END)"
+)
+INCOMPLETE_SELECT = (
+    REGISTRY_SELECT + " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_status = 'running'"
+    " AND deleting = 0 AND (claim_token IS NULL OR claim_expires <= :now)"
+)
+
+
+STATEMENTS: Mapping[str, str] = {
+    name: text
+    for name, text in dict(globals()).items()
+    if name.isupper() and isinstance(text, str) and text.startswith(("SELECT", "INSERT", "UPDATE", "DELETE"))
+    and name not in ("REGISTRY_SELECT", "INCOMPLETE_SELECT")
+}
+"""Every fixed statement of the store by name (the registry's pieces excepted; the tests read their query plans)."""
+
+
+# -- the registry's queries -----------------------------------------------------------------------------------------
+
+
+def threads_statement(query: ThreadQuery, now_us: int) -> tuple[str, dict[str, Any]] | None:
+    """The statement and parameters of ``threads(query)`` at the store time ``now_us``: a tenant's root threads,
+    newest ``updated_at`` first, at most ``query.limit + 1`` rows; None when ``query.statuses`` is empty."""
+    sql = [REGISTRY_SELECT, " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"]
+    params: dict[str, Any] = {"tenant": query.tenant_id, "now": now_us, "limit": query.limit + 1}
+    if query.after is not None:
+        sql.append(" AND (updated_at, thread_id) < (:after_at, :after_id)")
+        params["after_at"] = to_micros(query.after.updated_at)
+        params["after_id"] = query.after.thread_id
+    if query.updated_since is not None:
+        sql.append(" AND updated_at >= :since")
+        params["since"] = to_micros(query.updated_since)
+    if query.graph_id is not None:
+        sql.append(" AND latest_graph_id = :graph")
+        params["graph"] = query.graph_id
+    if query.statuses is not None:
+        names = sorted(status.value for status in query.statuses)
+        if not names:
+            return None
+        sql.append(f" AND {STATUS_CASE} IN ({', '.join(f':s{i}' for i in range(len(names)))})")
+        params.update({f"s{i}": name for i, name in enumerate(names)})
+    sql.append(" ORDER BY updated_at DESC, thread_id DESC LIMIT :limit")
+    return "".join(sql), params
+
+
+def incomplete_statement(
+    tenant_id: str | None, limit: int, after: ThreadCursor | None, now_us: int
+) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters of ``incomplete(...)`` at the store time ``now_us``: a tenant's idle root
+    threads, oldest ``updated_at`` first, at most ``limit + 1`` rows."""
+    params: dict[str, Any] = {"tenant": tenant_id, "now": now_us, "limit": limit + 1}
+    sql = INCOMPLETE_SELECT
+    if after is not None:
+        sql += " AND (updated_at, thread_id) > (:after_at, :after_id)"
+        params["after_at"] = to_micros(after.updated_at)
+        params["after_id"] = after.thread_id
+    return sql + " ORDER BY updated_at, thread_id LIMIT :limit", params
+
+
+# -- opening a file -------------------------------------------------------------------------------------------------
+
+
+def migrate(conn: sqlite3.Connection, *, path: str, now_us: int, busy_s: float) -> None:
+    """Puts the file in WAL mode and applies the numbered migrations it lacks, in one ``BEGIN IMMEDIATE``.
+
+    Args:
+        conn: a connection to the file, in autocommit mode (no transaction open).
+        path: the file (named in errors).
+        now_us: the store clock's reading, recorded as each migration's ``applied_at``.
+        busy_s: how long, in seconds, to retry switching the journal mode while other openers hold the file.
+
+    Raises:
+        StoreCorrupt: the file's schema is newer than this code's.
+        ProcessingError: the file cannot use WAL journaling (a filesystem without shared memory).
+        sqlite3.Error: as the driver raised it (the caller maps it).
+    """
+    mode = _set_journal_mode(conn, busy_s)
+    if str(mode).upper() != JOURNAL_MODE:
+        raise ProcessingError(
+            "open", f"the SQLite file {path!r} cannot use {JOURNAL_MODE} journaling (it stays {mode!r}); "
+            "put it on a local filesystem"
+        )
+    if _schema_version(conn, path) == SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"
+    )
+    current = _schema_version(conn, path)
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        for statement in MIGRATIONS[version - 1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, now_us))
+    conn.execute("COMMIT")
+
+
+def _set_journal_mode(conn: sqlite3.Connection, busy_s: float) -> Any:
+    """``PRAGMA journal_mode = WAL``, retried while another opener holds the file, for up to ``busy_s`` seconds.
+
+    Switching a new file into WAL needs an exclusive lock; SQLite answers ``SQLITE_BUSY`` at once, without its busy
+    handler, when another connection holds a lock meanwhile (several processes opening a new file at once). The
+    statement is idempotent, so it is retried with a short backoff; any other error is raised.
+    """
+    deadline = time.monotonic() + busy_s
+    pause = JOURNAL_RETRY_FIRST_PAUSE_S
+    while True:
+        try:
+            return conn.execute(f"PRAGMA journal_mode = {JOURNAL_MODE}").fetchone()[0]
+        except sqlite3.OperationalError as error:
+            if not is_busy(error) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, JOURNAL_RETRY_MAX_PAUSE_S)
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int:
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
+    if exists is None:
+        return 0
+    version = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreCorrupt(
+            "open",
+            f"the SQLite file {path!r} has schema version {version}, newer than this threadloom's "
+            f"{SCHEMA_VERSION}; upgrade threadloom to open it",
+        )
+    return version
+
+
+__all__ = [
+    "JOURNAL_MODE",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "STATEMENTS",
+    "incomplete_statement",
+    "migrate",
+    "threads_statement",
+]
