@@ -33,6 +33,9 @@ from threadloom import (
     PostgresCheckpointerConfig,
     ProcessingError,
     StaleClaim,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
     ThreadDeleted,
     ThreadloomError,
     ThreadQuery,
@@ -40,7 +43,7 @@ from threadloom import (
     ValidationError,
     open_store,
 )
-from threadloom.persistence.postgres.store import map_error
+from threadloom.persistence.postgres.errors import map_error
 from threadloom.testing.postgres_harness import (
     PgHarness,
     drop_schema,
@@ -119,7 +122,7 @@ def test_config_refuses_bad_fields_naming_them(changes, field) -> None:
 
 
 def test_config_takes_the_timeouts_at_their_bounds() -> None:
-    from threadloom.persistence.postgres.store import (
+    from threadloom.persistence.postgres.config import (
         MAX_CALL_TIMEOUT,
         MAX_CONNECT_TIMEOUT,
         MIN_CALL_TIMEOUT,
@@ -180,23 +183,25 @@ def test_module_imports_without_psycopg() -> None:
 @pytest.mark.parametrize(
     "error, write, aborted, expected, words",
     [
-        (psycopg.errors.LockNotAvailable("lock timeout"), True, None, ProcessingError, "lock"),
-        (psycopg.errors.QueryCanceled("canceling statement"), True, None, ProcessingError, "cancelled the call"),
-        (psycopg.errors.SerializationFailure("could not serialize"), True, None, ProcessingError, "conflicting"),
-        (psycopg.errors.DeadlockDetected("deadlock"), True, None, ProcessingError, "conflicting"),
-        (psycopg.errors.UndefinedTable("relation does not exist"), False, None, ProcessingError, "missing"),
-        (psycopg.errors.InvalidSchemaName("schema does not exist"), False, None, ProcessingError, "missing"),
-        (psycopg.errors.DiskFull("no space"), True, None, ProcessingError, "53100"),
+        (psycopg.errors.LockNotAvailable("lock timeout"), True, None, StoreUnavailable, "lock"),
+        (psycopg.errors.QueryCanceled("canceling statement"), True, None, StoreUnavailable, "cancelled the call"),
+        (psycopg.errors.SerializationFailure("could not serialize"), True, None, StoreUnavailable, "conflicting"),
+        (psycopg.errors.DeadlockDetected("deadlock"), True, None, StoreUnavailable, "conflicting"),
+        (psycopg.errors.UndefinedTable("relation does not exist"), False, None, StoreCorrupt, "missing"),
+        (psycopg.errors.InvalidSchemaName("schema does not exist"), False, None, StoreCorrupt, "missing"),
+        (psycopg.errors.DiskFull("no space"), True, None, StoreUnavailable, "53100"),
         (psycopg.errors.AdminShutdown("terminating connection"), True, None, OutcomeUnknown, "lost"),
-        (psycopg.errors.AdminShutdown("terminating connection"), False, None, ProcessingError, "lost"),
+        (psycopg.errors.AdminShutdown("terminating connection"), False, None, StoreUnavailable, "lost"),
         (psycopg.errors.ConnectionFailure("connection failure"), True, None, OutcomeUnknown, "lost"),
         (psycopg.OperationalError("server closed the connection unexpectedly"), True, None, OutcomeUnknown, "lost"),
-        (psycopg.OperationalError("server closed the connection unexpectedly"), False, None, ProcessingError, "lost"),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), False, None, StoreUnavailable, "lost"),
         (psycopg.OperationalError("consuming input failed"), True, "timeout", OutcomeUnknown, "within 2 s"),
-        (psycopg.OperationalError("consuming input failed"), False, "timeout", ProcessingError, "within 2 s"),
+        (psycopg.OperationalError("consuming input failed"), False, "timeout", StoreUnavailable, "within 2 s"),
         (psycopg.OperationalError("consuming input failed"), False, "cancel", CancelledError, ""),
-        (psycopg_pool.PoolTimeout("couldn't get a connection"), False, None, ProcessingError, "no database connection"),
-        (psycopg_pool.PoolClosed("the pool is closed"), False, None, ProcessingError, "pool is closed"),
+        (psycopg_pool.PoolTimeout("couldn't get a connection"), False, None, StoreUnavailable, "no database connection"),
+        (psycopg_pool.PoolClosed("the pool is closed"), False, None, StoreClosed, "pool is closed"),
+        (psycopg.errors.DataCorrupted("invalid page in block 0"), False, None, StoreCorrupt, "damaged"),
+        (psycopg.errors.RaiseException("something else"), True, None, ProcessingError, "P0001"),
     ],
 )
 def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words) -> None:
@@ -222,16 +227,16 @@ def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words
         (psycopg.InterfaceError("cursor already closed"), True, False, False, ProcessingError, "nothing was sent"),
         (OverflowError("date value out of range"), True, None, False, ProcessingError, "nothing was sent"),
         (psycopg.DataError("timestamp too large (after year 10K)"), True, None, False, ProcessingError, "refused"),
-        (psycopg.DataError("timestamp too large (after year 10K)"), False, False, True, ProcessingError,
+        (psycopg.DataError("timestamp too large (after year 10K)"), False, False, True, StoreCorrupt,
          "could not be read"),
         (psycopg.DataError("timestamp too large (after year 10K)"), True, False, True, OutcomeUnknown,
          "answer could not be read"),
         (psycopg.OperationalError("consuming input failed"), True, True, False, OutcomeUnknown, "lost"),
-        (psycopg.OperationalError("consuming input failed"), False, True, True, ProcessingError, "lost"),
+        (psycopg.OperationalError("consuming input failed"), False, True, True, StoreUnavailable, "lost"),
         (psycopg.InterfaceError("the connection is lost"), True, True, False, OutcomeUnknown, "lost"),
         (psycopg.errors.UndefinedFunction("function tl_claim(text, numeric) does not exist"), True, False, False,
-         ProcessingError, "do not match this version"),
-        (psycopg.errors.UndefinedColumn("column x does not exist"), False, False, False, ProcessingError,
+         StoreCorrupt, "do not match this version"),
+        (psycopg.errors.UndefinedColumn("column x does not exist"), False, False, False, StoreCorrupt,
          "do not match this version"),
     ],
 )
@@ -322,14 +327,14 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     harness.sibling()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
-    assert versions == [(1,), (2,), (3,)]  # 2: the run queue; 3: bigint retention counts
+    assert versions == [(1,), (2,), (3,), (4,)]  # 2: the run queue; 3: bigint retention counts; 4: commit texts
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
     harness.open().close()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{harness.schema}".schema_version (version) VALUES (999)')
-    with pytest.raises(ProcessingError, match="newer"):
+    with pytest.raises(StoreCorrupt, match="newer"):
         harness.open_pg()
 
 
@@ -720,14 +725,14 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
         conn.execute(f"INSERT INTO {s}.children SELECT 'parent', 'x' || i, i FROM generate_series(4, 3000, 4) i")
         conn.execute(f"ANALYZE {s}.threads; ANALYZE {s}.checkpoints; ANALYZE {s}.children")
     captured: list[tuple[str, str, list]] = []
-    original = store._call  # noqa: SLF001
+    original = store._db.call  # noqa: SLF001
 
     def capture(operation, thread_id, statement, params, **kwargs):
         if not kwargs.get("write"):
             captured.append((operation, statement, list(params)))
         return original(operation, thread_id, statement, params, **kwargs)
 
-    store._call = capture  # noqa: SLF001
+    store._db.call = capture  # noqa: SLF001
     store.latest("x8")
     store.history("x8", limit=10)
     store.history("x8", limit=10, before="c8")
@@ -741,7 +746,7 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
     store.threads(ThreadQuery(tenant_id=None, after=ThreadCursor(updated_at=NOW, thread_id="x1")))
     store.incomplete("acme", limit=10)
     store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=3)), None, after="x5")
-    store._call = original  # noqa: SLF001
+    store._db.call = original  # noqa: SLF001
     assert {operation for operation, _, _ in captured} >= {
         "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep"
     }
