@@ -6,7 +6,7 @@ and the store's ``prune`` and ``sweep`` keep the newest checkpoint of every run 
 
 Like :class:`~threadloom.persistence.base.Checkpointer`, every public method validates its arguments first
 (``ValidationError`` naming the field, nothing read or written), refuses the call once the store is closed
-(``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
+(``StoreClosed``, a ``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
 
 The rules every queue shares:
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
-from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 
 MAX_ERROR_LENGTH = 4000
@@ -70,7 +70,7 @@ class RunQueue(abc.ABC):
 
     def _ensure_open(self, operation: str) -> None:
         if self.closed:
-            raise ProcessingError(operation, "the store is closed; open a new one")
+            raise StoreClosed(operation, "the store is closed; open a new one")
 
     # -- writes -----------------------------------------------------------------------------------------------
 

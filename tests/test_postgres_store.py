@@ -338,6 +338,137 @@ def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
         harness.open_pg()
 
 
+def _functions(dsn: str, schema: str) -> set[tuple[str, str, str]]:
+    """Each function of ``schema``: its name, parameters and definition (the schema's name taken out)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s""",
+            (schema,),
+        ).fetchall()
+    return {tuple(text.replace(schema, "S") for text in row) for row in rows}
+
+
+def test_each_function_is_defined_once_and_no_migration_repeats_another() -> None:
+    import re
+    from importlib import resources
+
+    from threadloom.persistence.postgres.schema import migrations
+
+    folder = resources.files("threadloom.persistence.postgres").joinpath("migrations")
+    files = {entry.name: entry.read_text() for entry in folder.iterdir() if entry.name.endswith(".sql")}
+    functions = {
+        entry.name: entry.read_text() for entry in folder.joinpath("functions").iterdir() if entry.name.endswith(".sql")
+    }
+    assert sorted(files) == ["0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql"]
+    assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
+    for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
+        assert not re.search(r"CREATE (OR REPLACE )?FUNCTION", text), name
+    defined = [match for text in functions.values() for match in re.findall(r"FUNCTION \{s\}\.(\w+)\(", text)]
+    assert len(defined) == len(set(defined)) >= 17, defined
+    included = {name for text in files.values() for name in re.findall(r"^\\ir functions/(\S+)$", text, re.M)}
+    assert included == set(functions)
+
+
+# The forms functions had before the migration (the key) that changed their parameters: a database an earlier
+# threadloom left at a lower version holds them (their bodies do not matter: the migration drops them).
+REPLACED_FORMS = {
+    3: [
+        "tl_prune(text, bigint, integer, bigint) RETURNS boolean",
+        "tl_sweep(text[], jsonb, bigint, integer, bigint, bigint) RETURNS void",
+        "tl_prune_row({s}.threads, timestamptz, bigint, integer, bigint, text[]) RETURNS boolean",
+    ],
+    4: [
+        "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
+        "text[], text, text[], text[], text[], jsonb) RETURNS void"
+    ],
+}
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
+    harness: PgHarness, monkeypatch, version: int
+) -> None:
+    from threadloom.persistence.postgres import schema as postgres_schema
+
+    fresh = harness.open()
+    steps = postgres_schema.migrations()
+    earlier = new_schema_name()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(postgres_schema, "migrations", lambda: steps[:version])
+            PostgresCheckpointer.open(harness.dsn, harness.config(schema=earlier)).close()
+        quoted = f'"{earlier}"'
+        with psycopg.connect(harness.dsn, autocommit=True) as conn:
+            for replaced_by, forms in REPLACED_FORMS.items():
+                for form in forms if replaced_by > version else ():
+                    body = "SELECT" if form.endswith("void") else "SELECT NULL::boolean"
+                    conn.execute(f"CREATE FUNCTION {quoted}.{form.format(s=quoted)} LANGUAGE sql AS '{body}'")
+        store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=earlier))
+        token = claim(store, "t").token
+        records = store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+        assert [r.seq for r in records] == [1] and store.latest("t").checkpoint.fencing_token == token
+        store.close()
+        got = {(name, args.replace(earlier, "S"), body.replace(earlier, "S")) for name, args, body in
+               _functions(harness.dsn, earlier)}  # fmt: skip
+        assert got == _functions(harness.dsn, fresh.config.schema)
+    finally:
+        drop_schema(harness.dsn, earlier)
+
+
+# -- encode once: a commit writes the texts encoded once ---------------------------------------------------------
+
+
+def test_a_commit_writes_the_encoded_texts_as_they_are(harness: PgHarness) -> None:
+    from threadloom import EffectRecord, PendingWrite
+    from threadloom.persistence.encoded import encode_commit
+
+    store = harness.open()
+    token = claim(store, "t").token
+    store.commit("t", Commit(token=token, events=[event("before")]))
+    commit = Commit(
+        token=token,
+        checkpoint=checkpoint("t", "c1", None, state={"text": "é \u2028 \"q\"", "n": [1, 2.5, None]}),
+        pending_writes=[PendingWrite(checkpoint_id="c1", task_id="task", node_id="n", payload={"k": "v"})],
+        events=[event("a"), event("b")],
+        effects=[EffectRecord(key="k", run_id="run-1", recorded_at=NOW, result=["r"])],
+    )
+    encoded = encode_commit("t", commit)
+    records = store.commit("t", commit)
+    assert records == [encoded.events[0].record(2), encoded.events[1].record(3)]
+    assert store.events_after("t", 1, 10) == records
+    s = f'"{harness.schema}"'
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT body FROM {s}.checkpoints").fetchall() == [(encoded.checkpoint.text,)]
+        assert conn.execute(f"SELECT body FROM {s}.pending_writes").fetchall() == [(encoded.pending_writes[0].text,)]
+        assert conn.execute(f"SELECT seq, body FROM {s}.events WHERE seq > 1 ORDER BY seq").fetchall() == [
+            (2, encoded.events[0].text(2)), (3, encoded.events[1].text(3))
+        ]  # fmt: skip
+        assert conn.execute(f"SELECT body FROM {s}.effects").fetchall() == [(encoded.effects[0].text,)]
+
+
+def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: PgHarness) -> None:
+    """The commit function answers what its checks read and the store raises through the one commit rule; a
+    function that refuses what every check passes (not this version's) is StoreCorrupt, and nothing is written."""
+    store = harness.open()
+    token = claim(store, "t").token
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""CREATE OR REPLACE FUNCTION "{harness.schema}".tl_commit(
+                    p_thread text, p_token bigint, p_fence text, p_fence_token bigint, p_cp_id text, p_cp_parent text,
+                    p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text, p_cp_origin text,
+                    p_cp_body text, p_retract boolean, p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[],
+                    p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, OUT first_seq bigint,
+                    OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
+                    OUT latest text)
+                LANGUAGE plpgsql AS $$ BEGIN current := p_token; duplicate := false; END $$"""
+        )
+    with pytest.raises(StoreCorrupt) as caught:
+        store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+    assert caught.value.operation == "commit" and "'t'" in caught.value.message
+    assert store.latest("t") is None and store.events_after("t", 0, 10) == []
+
+
 # -- the database decides time (seeds 003) -------------------------------------------------------------------
 
 

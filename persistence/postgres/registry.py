@@ -91,27 +91,26 @@ class Registry:
         return _summaries(self._db.call(operation, None, statement, values, write=False))
 
 
+def _latest_status(status: str, thread_id: str) -> CheckpointStatus:
+    try:
+        return CheckpointStatus(status)
+    except ValueError:
+        raise StoreCorrupt(
+            "decode", f"thread {thread_id!r} has the latest status {status!r}, which this version does not know"
+        ) from None
+
+
 def _summaries(rows: list[tuple[Any, ...]]) -> list[ThreadSummary]:
+    """Registry rows (``sql.REGISTRY_COLUMNS``) as summaries, in the rows' order."""
     out = []
     for thread_id, tenant_id, status, live, metadata, updated_at, latest_id, latest_run, graph_id in rows:
         meta = codec.decode_metadata(metadata, thread_id)
-        try:
-            latest_status = CheckpointStatus(status)
-        except ValueError:
-            raise StoreCorrupt(
-                "decode", f"thread {thread_id!r} has the latest status {status!r}, which this version does not know"
-            ) from None
+        status = rules.thread_status(_latest_status(status, thread_id), live_claim=live, metadata=meta)
         out.append(
             ThreadSummary(
-                thread_id=thread_id,
-                tenant_id=tenant_id,
-                status=rules.thread_status(latest_status, live_claim=live, metadata=meta),
-                updated_at=updated_at.astimezone(UTC),
-                latest_checkpoint_id=latest_id,
-                latest_run_id=latest_run,
-                graph_id=graph_id,
-                metadata=meta,
-            )
+                thread_id=thread_id, tenant_id=tenant_id, status=status, updated_at=updated_at.astimezone(UTC),
+                latest_checkpoint_id=latest_id, latest_run_id=latest_run, graph_id=graph_id, metadata=meta,
+            )  # fmt: skip
         )
     return out
 

@@ -1,4 +1,4 @@
--- Version 2: the durable run queue (DESIGN §4), see persistence/postgres/queue.py. Retention keeps the runs of
+-- Version 2: the durable run queue, see persistence/postgres/queue.py. Retention keeps the runs of
 -- open entries from this version on (functions/retention.sql reads run_queue; version 3 re-creates it).
 
 -- The durable run queue (DESIGN §4). run_queue: one row per entry; entry_id comes from an identity (a sequence),
