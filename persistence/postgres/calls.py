@@ -10,7 +10,8 @@ reaches into another's internals. Its interface, internal to the package:
   mapped by :func:`~threadloom.persistence.postgres.errors.map_error`;
 * :meth:`Database.checkout`, :meth:`Database.give_back`, :meth:`Database.error` and ``watchdog`` - for a caller
   that runs several statements on one connection (the migrations);
-* :meth:`Database.close` - stops the watchdog and closes a pool the store owns.
+* :meth:`Database.close` - stops the watchdog and closes a pool the store owns;
+* :func:`as_utc` - a time the driver returned, as aware UTC.
 
 How a call runs:
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.errors import StoreClosed, ThreadloomError
@@ -43,6 +45,11 @@ from threadloom.persistence.postgres.watchdog import Watchdog
 
 if TYPE_CHECKING:  # pragma: no cover
     from psycopg_pool import ConnectionPool
+
+
+def as_utc(when: datetime) -> datetime:
+    """A ``timestamptz`` the driver returned (aware, in the session's time zone) as aware UTC."""
+    return when.astimezone(UTC)
 
 
 class Database:
@@ -226,4 +233,4 @@ class Database:
                 pass
 
 
-__all__ = ["Database"]
+__all__ = ["Database", "as_utc"]

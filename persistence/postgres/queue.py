@@ -27,7 +27,7 @@ Entry ids and attempts are ``bigint`` and durations microseconds: the public met
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import duration_micros
@@ -35,6 +35,7 @@ from threadloom.domain.errors import ProcessingError, StaleLease, ValidationErro
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.postgres.calls import as_utc
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
-    return codec.decode_queue_entry(row[:13], row[13] or (), lambda when: when.astimezone(UTC))
+    return codec.decode_queue_entry(row[:13], row[13] or (), as_utc)
 
 
 class PostgresRunQueue(RunQueue):

@@ -8,7 +8,6 @@ clock when the statement arrives.
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Any
 
 from threadloom.domain import rules
@@ -16,7 +15,7 @@ from threadloom.domain.errors import StoreCorrupt
 from threadloom.domain.values import CheckpointStatus, ThreadCursor, ThreadPage, ThreadQuery, ThreadStatus, ThreadSummary
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
-from threadloom.persistence.postgres.calls import Database
+from threadloom.persistence.postgres.calls import Database, as_utc
 
 
 class Registry:
@@ -108,7 +107,7 @@ def _summaries(rows: list[tuple[Any, ...]]) -> list[ThreadSummary]:
         status = rules.thread_status(_latest_status(status, thread_id), live_claim=live, metadata=meta)
         out.append(
             ThreadSummary(
-                thread_id=thread_id, tenant_id=tenant_id, status=status, updated_at=updated_at.astimezone(UTC),
+                thread_id=thread_id, tenant_id=tenant_id, status=status, updated_at=as_utc(updated_at),
                 latest_checkpoint_id=latest_id, latest_run_id=latest_run, graph_id=graph_id, metadata=meta,
             )  # fmt: skip
         )

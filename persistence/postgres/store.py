@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -73,7 +73,7 @@ from threadloom.persistence.base import Checkpointer, ask_guard
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
-from threadloom.persistence.postgres.calls import Database
+from threadloom.persistence.postgres.calls import Database, as_utc
 from threadloom.persistence.postgres.config import (
     MAX_CALL_TIMEOUT,
     MAX_CONNECT_TIMEOUT,
@@ -98,10 +98,6 @@ _STATEMENTS = (
     "CLAIM", "RENEW", "RELEASE", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST", "CHECKPOINT", "HISTORY",
     "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN", "SWEEP_PAGE",
 )  # fmt: skip
-
-
-def _utc(when: datetime) -> datetime:
-    return when.astimezone(UTC)
 
 
 def _unnumbered(event: EncodedEvent) -> str:
@@ -323,7 +319,7 @@ class PostgresCheckpointer(Checkpointer):
             thread_id=thread_id,
             holder=request.holder,
             token=token,
-            expires_at=_utc(expires_at),
+            expires_at=as_utc(expires_at),
             tenant_id=request.tenant_id,
             taken_over_from=rules.taken_over_from(old_holder, old_tenant, request.tenant_id),
         )
@@ -333,7 +329,7 @@ class PostgresCheckpointer(Checkpointer):
         code, current, holder, expires_at, tenant = rows[0]
         if code == 1:
             raise StaleClaim(thread_id, token, current)
-        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=_utc(expires_at), tenant_id=tenant)
+        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant)
 
     def _release(self, thread_id: str, token: int) -> None:
         self._call("release", thread_id, "RELEASE", (thread_id, token), write=True)
