@@ -45,6 +45,7 @@ from threadloom import (
     QueueEntry,
     RetentionPolicy,
     StaleLease,
+    StoreClosed,
     StoreCorrupt,
     StoreUnavailable,
     SweepPolicy,
@@ -653,6 +654,10 @@ def test_a_metered_postgres_store_serves_its_queue(harness: PgHarness) -> None:
         assert metered.lookup_run("t1", ["r1"]).id == r1[-1]
     inner.close()
     assert inner.queue.closed
+    for call in (lambda: inner.queue.lease("w", TTL), lambda: inner.queue.entry(entry.entry_id)):
+        with pytest.raises(StoreClosed) as caught:  # not retryable on this store: open a new one
+            call()
+        assert "closed" in caught.value.message and not caught.value.retryable
 
 
 # -- errors ----------------------------------------------------------------------------------------------------------
