@@ -8,7 +8,7 @@ an open entry names.
 
 Like :class:`~threadloom.persistence.base.Checkpointer`, every public method validates its arguments first
 (``ValidationError`` naming the field, nothing read or written), refuses the call once the store is closed
-(``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
+(``StoreClosed``, a ``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
 
 The rules every queue shares:
 

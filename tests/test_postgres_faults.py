@@ -29,6 +29,8 @@ from threadloom import (
     OutcomeUnknown,
     ProcessingError,
     StaleClaim,
+    StoreCorrupt,
+    StoreUnavailable,
     ThreadloomError,
 )
 from threadloom.testing.postgres_harness import (
@@ -110,7 +112,7 @@ def test_a_call_blocked_on_a_lock_fails_within_about_call_timeout(harness: PgHar
         worker.join(10)  # the lock stays held all along: the call can only end by its own bound
         assert not worker.is_alive(), "the call kept waiting on the lock past its call_timeout"
         error = box.get("error")
-        assert type(error) is ProcessingError, f"the server's lock_timeout answers, nothing written: {box}"
+        assert type(error) is StoreUnavailable, f"the server's lock_timeout answers, nothing written: {box}"
         assert "'t'" in error.message and error.operation == "commit"
     finally:
         holder.rollback()
@@ -182,7 +184,7 @@ def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgH
         locker.rollback()
         locker.close()
     error = box.get("error")
-    assert type(error) is ProcessingError, f"a failed open is a plain ProcessingError (retrying is safe): {box}"
+    assert type(error) is StoreUnavailable, f"a failed open is StoreUnavailable (retrying is safe): {box}"
     assert error.operation == "open" and "lost" in error.message
     store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=schema))  # a retry migrates
     try:
@@ -205,7 +207,7 @@ def test_a_stalled_network_hits_the_client_deadline(harness: PgHarness, proxy: S
         proxy.stall()  # the network stays stalled until both calls have ended by the client's deadline
         reader, read = in_thread(lambda: store.latest("t"))
         reader.join(10)
-        assert not reader.is_alive() and type(read.get("error")) is ProcessingError, read
+        assert not reader.is_alive() and type(read.get("error")) is StoreUnavailable, read
         writer, write = in_thread(
             lambda: store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
         )
@@ -363,7 +365,9 @@ def test_four_processes_open_one_new_schema_at_once(harness: PgHarness) -> None:
         tokens = [result_of(process) for process in processes]
         assert sorted(tokens) == [1, 2, 3, 4], "one token sequence, every process migrated or found it migrated"
         with psycopg.connect(harness.dsn, autocommit=True) as conn:
-            assert conn.execute(f'SELECT version FROM "{schema}".schema_version').fetchall() == [(1,), (2,), (3,)]
+            assert conn.execute(f'SELECT version FROM "{schema}".schema_version').fetchall() == [
+                (1,), (2,), (3,), (4,)
+            ]
     finally:
         drop_schema(harness.dsn, schema)
 
@@ -397,7 +401,7 @@ def test_a_stored_value_the_driver_cannot_read_is_a_processing_error(harness: Pg
         )
     with pytest.raises(ProcessingError) as caught:
         store.threads(ThreadQuery(tenant_id=None))
-    assert type(caught.value) is ProcessingError and caught.value.operation == "threads"
+    assert type(caught.value) is StoreCorrupt and caught.value.operation == "threads"
     assert "could not be read" in caught.value.message and "lost" not in caught.value.message
     assert "DataError" in caught.value.message
     assert store.latest("t").checkpoint.id == "c1"  # the store keeps working
@@ -408,7 +412,7 @@ def test_a_stored_value_the_driver_cannot_read_is_a_processing_error(harness: Pg
 def test_a_write_the_driver_refuses_to_send_is_a_processing_error(harness: PgHarness, caller_pool: bool) -> None:
     """A write whose value the driver cannot convert never left the client: ProcessingError, not an unknown
     outcome; a write whose answer cannot be read did apply: OutcomeUnknown. Both through the store's one bounded
-    call (``_call``), on both of its paths (prepared binary statements on its own pool, client-side binding on
+    call (``Database.call``), on both of its paths (prepared binary statements on its own pool, client-side binding on
     a caller's pool), with values the public methods refuse (so the driver is reached only this way)."""
     import psycopg_pool
     from threadloom.persistence.postgres.store import PostgresCheckpointer
@@ -422,11 +426,11 @@ def test_a_write_the_driver_refuses_to_send_is_a_processing_error(harness: PgHar
     try:
         token = claim(store, "t")
         with pytest.raises(ProcessingError) as refused:
-            store._call("release", "t", store._sql["RELEASE"], ("t\ud800", token), write=True)
+            store._db.call("release", "t", store._sql["RELEASE"], ("t\ud800", token), write=True)
         assert type(refused.value) is ProcessingError, refused.value
         assert "nothing was sent" in refused.value.message and "UnicodeEncodeError" in refused.value.message
         with pytest.raises(OutcomeUnknown) as unread:
-            store._call("release", "t", "SELECT '20000-01-01 00:00:00+00'::timestamptz", (), write=True)
+            store._db.call("release", "t", "SELECT '20000-01-01 00:00:00+00'::timestamptz", (), write=True)
         assert "applied" in unread.value.message and "could not be read" in unread.value.message
         store.commit("t", Commit(token=token, events=[event()]))  # the claim was never released
         assert settled(store.pool), f"a connection leaked: {store.pool.get_stats()}"
@@ -442,6 +446,6 @@ def test_an_undefined_function_is_a_version_mismatch_not_a_dropped_schema(harnes
         conn.execute(f'DROP FUNCTION "{harness.schema}".tl_release')
     with pytest.raises(ProcessingError) as caught:
         store.release("t", 1)
-    assert type(caught.value) is ProcessingError
+    assert type(caught.value) is StoreCorrupt
     assert "do not match this version" in caught.value.message and "dropped" not in caught.value.message
     assert store.latest("t") is None  # the schema itself is there

@@ -1,4 +1,4 @@
-"""What is particular to the PostgreSQL run queue (DESIGN §4; ``persistence/postgres/queue.py``, migration 2).
+"""What is particular to the PostgreSQL run queue (DESIGN §4; ``persistence/postgres/queue.py``, migration 2: ``0002_run_queue.sql``).
 
 The queue contract itself runs over PostgreSQL in ``test_queue_contract.py`` and the worker loop in
 ``test_runtime_serve.py``; these tests look at what only a schema shared by several stores and processes shows:
@@ -45,11 +45,14 @@ from threadloom import (
     QueueEntry,
     RetentionPolicy,
     StaleLease,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
     SweepPolicy,
     ThreadloomError,
     ValidationError,
 )
-from threadloom.persistence.postgres import sql as postgres_sql
+from threadloom.persistence.postgres import schema as postgres_schema
 from threadloom.testing.harness import START
 from threadloom.testing.postgres_harness import (
     PgCallerPoolHarness,
@@ -408,14 +411,15 @@ def _tables(harness: PgHarness, schema: str) -> set[str]:
 
 
 def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, monkeypatch) -> None:
-    latest = [version for version, _ in postgres_sql.MIGRATIONS]
-    assert latest[:2] == [1, 2] and postgres_sql.MIGRATIONS[1][1] is postgres_sql.QUEUE_MIGRATION
+    steps = postgres_schema.migrations()
+    latest = [step.version for step in steps]
+    assert latest[:2] == [1, 2] and steps[1].name == "0002_run_queue.sql"
     with monkeypatch.context() as patch:  # this code as it was before the queue: schema version 1
-        patch.setattr(postgres_sql, "MIGRATIONS", postgres_sql.MIGRATIONS[:1])
+        patch.setattr(postgres_schema, "migrations", lambda: steps[:1])
         old = harness.open()
         r1 = _commit_run(old, "t1", "r1", None, 2)
         later = _commit_run(old, "t1", "r2", r1[-1], 2)
-        with pytest.raises(ProcessingError) as caught:  # the previous code's schema has no queue functions
+        with pytest.raises(StoreCorrupt) as caught:  # the previous code's schema has no queue functions
             old.queue.enqueue("t1", graph_id="g")
         assert caught.value.operation == "enqueue" and "do not match this version" in caught.value.message
         old.close()
@@ -452,8 +456,9 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
 
 def test_a_schema_with_the_queue_is_refused_by_the_previous_code(harness: PgHarness, monkeypatch) -> None:
     harness.open().close()
-    monkeypatch.setattr(postgres_sql, "MIGRATIONS", postgres_sql.MIGRATIONS[:1])
-    with pytest.raises(ProcessingError, match="newer"):
+    steps = postgres_schema.migrations()
+    monkeypatch.setattr(postgres_schema, "migrations", lambda: steps[:1])
+    with pytest.raises(StoreCorrupt, match="newer"):
         harness.open_pg()
 
 
@@ -533,13 +538,13 @@ def test_the_lease_reads_the_partial_index_of_leasable_heads(harness: PgHarness,
 
 def test_each_queue_call_is_one_round_trip(store: PostgresCheckpointer) -> None:
     calls: list[str] = []
-    original = store._call  # noqa: SLF001
+    original = store._db.call  # noqa: SLF001
 
     def counting(operation, *args, **kwargs):
         calls.append(operation)
         return original(operation, *args, **kwargs)
 
-    store._call = counting  # noqa: SLF001
+    store._db.call = counting  # noqa: SLF001
     queue = store.queue
     entry = queue.enqueue("t1", graph_id="g")
     lease = queue.lease("w", TTL, graph_ids=["g"])
@@ -552,7 +557,7 @@ def test_each_queue_call_is_one_round_trip(store: PostgresCheckpointer) -> None:
     queue.entry(entry.entry_id)
     queue.entries(limit=5, status=EntryStatus.COMPLETED)
     queue.open_runs(["t1"])
-    store._call = original  # noqa: SLF001
+    store._db.call = original  # noqa: SLF001
     assert calls == [
         "enqueue", "lease", "renew_lease", "record_run", "release_lease", "lease", "finish", "lease", "entry",
         "entries", "open_runs",
@@ -563,19 +568,19 @@ def test_every_queue_read_is_answered_through_an_index(harness: PgHarness, store
     _fill(harness, store)
     queue = store.queue
     captured: list[tuple[str, str, list[Any]]] = []
-    original = store._call  # noqa: SLF001
+    original = store._db.call  # noqa: SLF001
 
     def capture(operation, thread_id, statement, params, **kwargs):
         if not kwargs.get("write"):
             captured.append((operation, statement, list(params)))
         return original(operation, thread_id, statement, params, **kwargs)
 
-    store._call = capture  # noqa: SLF001
+    store._db.call = capture  # noqa: SLF001
     queue.entry(1500)
     queue.entries(limit=10, after=1500)
     queue.entries(limit=10, after=1500, status=EntryStatus.OPEN)
     queue.open_runs(["busy", "old7"])
-    store._call = original  # noqa: SLF001
+    store._db.call = original  # noqa: SLF001
     with raw(harness) as conn:
         conn.execute("SET enable_seqscan = off")
         cursor = psycopg.ClientCursor(conn)
@@ -649,6 +654,10 @@ def test_a_metered_postgres_store_serves_its_queue(harness: PgHarness) -> None:
         assert metered.lookup_run("t1", ["r1"]).id == r1[-1]
     inner.close()
     assert inner.queue.closed
+    for call in (lambda: inner.queue.lease("w", TTL), lambda: inner.queue.entry(entry.entry_id)):
+        with pytest.raises(StoreClosed) as caught:  # not retryable on this store: open a new one
+            call()
+        assert "closed" in caught.value.message and not caught.value.retryable
 
 
 # -- errors ----------------------------------------------------------------------------------------------------------
@@ -670,7 +679,7 @@ def test_a_locked_entry_is_skipped_by_a_lease_and_bounds_a_fenced_call(harness: 
             assert skipped.entry_id == second.entry_id
             with pytest.raises(ProcessingError) as caught:  # waits for the row lock only within the bound
                 store.queue.renew_lease(first.entry_id, lease.attempt, TTL)
-            assert type(caught.value) is ProcessingError and caught.value.operation == "renew_lease"
+            assert type(caught.value) is StoreUnavailable and caught.value.operation == "renew_lease"
             assert "0.4 s" in caught.value.message
     assert store.queue.entry(first.entry_id).attempts == 1  # nothing changed by the refused call
     assert store.queue.lease("w3", TTL).entry_id == first.entry_id
@@ -706,7 +715,7 @@ def test_a_dropped_queue_table_is_a_processing_error(harness: PgHarness, store) 
     with raw(harness) as conn:
         conn.execute(f'DROP TABLE "{harness.schema}".run_queue CASCADE')
     for call in (lambda: store.queue.lease("w", TTL), lambda: store.queue.entries(limit=5)):
-        with pytest.raises(ProcessingError) as caught:
+        with pytest.raises(StoreCorrupt) as caught:
             call()
         assert "missing" in caught.value.message
 
@@ -715,7 +724,7 @@ def test_a_damaged_entry_is_a_processing_error_naming_its_thread(harness: PgHarn
     entry = store.queue.enqueue("t-damaged", graph_id="g")
     with raw(harness) as conn:
         conn.execute(f"""UPDATE "{harness.schema}".run_queue SET input = '{{' WHERE entry_id = %s""", (entry.entry_id,))
-    with pytest.raises(ProcessingError) as caught:
+    with pytest.raises(StoreCorrupt) as caught:
         store.queue.entry(entry.entry_id)
     assert caught.value.operation == "decode" and "t-damaged" in caught.value.message
 

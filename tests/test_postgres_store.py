@@ -33,6 +33,9 @@ from threadloom import (
     PostgresCheckpointerConfig,
     ProcessingError,
     StaleClaim,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
     ThreadDeleted,
     ThreadloomError,
     ThreadQuery,
@@ -40,7 +43,7 @@ from threadloom import (
     ValidationError,
     open_store,
 )
-from threadloom.persistence.postgres.store import map_error
+from threadloom.persistence.postgres.errors import map_error
 from threadloom.testing.postgres_harness import (
     PgHarness,
     drop_schema,
@@ -119,7 +122,7 @@ def test_config_refuses_bad_fields_naming_them(changes, field) -> None:
 
 
 def test_config_takes_the_timeouts_at_their_bounds() -> None:
-    from threadloom.persistence.postgres.store import (
+    from threadloom.persistence.postgres.config import (
         MAX_CALL_TIMEOUT,
         MAX_CONNECT_TIMEOUT,
         MIN_CALL_TIMEOUT,
@@ -180,23 +183,25 @@ def test_module_imports_without_psycopg() -> None:
 @pytest.mark.parametrize(
     "error, write, aborted, expected, words",
     [
-        (psycopg.errors.LockNotAvailable("lock timeout"), True, None, ProcessingError, "lock"),
-        (psycopg.errors.QueryCanceled("canceling statement"), True, None, ProcessingError, "cancelled the call"),
-        (psycopg.errors.SerializationFailure("could not serialize"), True, None, ProcessingError, "conflicting"),
-        (psycopg.errors.DeadlockDetected("deadlock"), True, None, ProcessingError, "conflicting"),
-        (psycopg.errors.UndefinedTable("relation does not exist"), False, None, ProcessingError, "missing"),
-        (psycopg.errors.InvalidSchemaName("schema does not exist"), False, None, ProcessingError, "missing"),
-        (psycopg.errors.DiskFull("no space"), True, None, ProcessingError, "53100"),
+        (psycopg.errors.LockNotAvailable("lock timeout"), True, None, StoreUnavailable, "lock"),
+        (psycopg.errors.QueryCanceled("canceling statement"), True, None, StoreUnavailable, "cancelled the call"),
+        (psycopg.errors.SerializationFailure("could not serialize"), True, None, StoreUnavailable, "conflicting"),
+        (psycopg.errors.DeadlockDetected("deadlock"), True, None, StoreUnavailable, "conflicting"),
+        (psycopg.errors.UndefinedTable("relation does not exist"), False, None, StoreCorrupt, "missing"),
+        (psycopg.errors.InvalidSchemaName("schema does not exist"), False, None, StoreCorrupt, "missing"),
+        (psycopg.errors.DiskFull("no space"), True, None, StoreUnavailable, "53100"),
         (psycopg.errors.AdminShutdown("terminating connection"), True, None, OutcomeUnknown, "lost"),
-        (psycopg.errors.AdminShutdown("terminating connection"), False, None, ProcessingError, "lost"),
+        (psycopg.errors.AdminShutdown("terminating connection"), False, None, StoreUnavailable, "lost"),
         (psycopg.errors.ConnectionFailure("connection failure"), True, None, OutcomeUnknown, "lost"),
         (psycopg.OperationalError("server closed the connection unexpectedly"), True, None, OutcomeUnknown, "lost"),
-        (psycopg.OperationalError("server closed the connection unexpectedly"), False, None, ProcessingError, "lost"),
+        (psycopg.OperationalError("server closed the connection unexpectedly"), False, None, StoreUnavailable, "lost"),
         (psycopg.OperationalError("consuming input failed"), True, "timeout", OutcomeUnknown, "within 2 s"),
-        (psycopg.OperationalError("consuming input failed"), False, "timeout", ProcessingError, "within 2 s"),
+        (psycopg.OperationalError("consuming input failed"), False, "timeout", StoreUnavailable, "within 2 s"),
         (psycopg.OperationalError("consuming input failed"), False, "cancel", CancelledError, ""),
-        (psycopg_pool.PoolTimeout("couldn't get a connection"), False, None, ProcessingError, "no database connection"),
-        (psycopg_pool.PoolClosed("the pool is closed"), False, None, ProcessingError, "pool is closed"),
+        (psycopg_pool.PoolTimeout("couldn't get a connection"), False, None, StoreUnavailable, "no database connection"),
+        (psycopg_pool.PoolClosed("the pool is closed"), False, None, StoreClosed, "pool is closed"),
+        (psycopg.errors.DataCorrupted("invalid page in block 0"), False, None, StoreCorrupt, "damaged"),
+        (psycopg.errors.RaiseException("something else"), True, None, ProcessingError, "P0001"),
     ],
 )
 def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words) -> None:
@@ -222,16 +227,16 @@ def test_map_error_classifies_by_sqlstate(error, write, aborted, expected, words
         (psycopg.InterfaceError("cursor already closed"), True, False, False, ProcessingError, "nothing was sent"),
         (OverflowError("date value out of range"), True, None, False, ProcessingError, "nothing was sent"),
         (psycopg.DataError("timestamp too large (after year 10K)"), True, None, False, ProcessingError, "refused"),
-        (psycopg.DataError("timestamp too large (after year 10K)"), False, False, True, ProcessingError,
+        (psycopg.DataError("timestamp too large (after year 10K)"), False, False, True, StoreCorrupt,
          "could not be read"),
         (psycopg.DataError("timestamp too large (after year 10K)"), True, False, True, OutcomeUnknown,
          "answer could not be read"),
         (psycopg.OperationalError("consuming input failed"), True, True, False, OutcomeUnknown, "lost"),
-        (psycopg.OperationalError("consuming input failed"), False, True, True, ProcessingError, "lost"),
+        (psycopg.OperationalError("consuming input failed"), False, True, True, StoreUnavailable, "lost"),
         (psycopg.InterfaceError("the connection is lost"), True, True, False, OutcomeUnknown, "lost"),
         (psycopg.errors.UndefinedFunction("function tl_claim(text, numeric) does not exist"), True, False, False,
-         ProcessingError, "do not match this version"),
-        (psycopg.errors.UndefinedColumn("column x does not exist"), False, False, False, ProcessingError,
+         StoreCorrupt, "do not match this version"),
+        (psycopg.errors.UndefinedColumn("column x does not exist"), False, False, False, StoreCorrupt,
          "do not match this version"),
     ],
 )
@@ -322,15 +327,146 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     harness.sibling()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
-    assert versions == [(1,), (2,), (3,)]  # 2: the run queue; 3: bigint retention counts
+    assert versions == [(1,), (2,), (3,), (4,)]  # 2: the run queue; 3: bigint retention counts; 4: commit texts
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
     harness.open().close()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{harness.schema}".schema_version (version) VALUES (999)')
-    with pytest.raises(ProcessingError, match="newer"):
+    with pytest.raises(StoreCorrupt, match="newer"):
         harness.open_pg()
+
+
+def _functions(dsn: str, schema: str) -> set[tuple[str, str, str]]:
+    """Each function of ``schema``: its name, parameters and definition (the schema's name taken out)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            """SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s""",
+            (schema,),
+        ).fetchall()
+    return {tuple(text.replace(schema, "S") for text in row) for row in rows}
+
+
+def test_each_function_is_defined_once_and_no_migration_repeats_another() -> None:
+    import re
+    from importlib import resources
+
+    from threadloom.persistence.postgres.schema import migrations
+
+    folder = resources.files("threadloom.persistence.postgres").joinpath("migrations")
+    files = {entry.name: entry.read_text() for entry in folder.iterdir() if entry.name.endswith(".sql")}
+    functions = {
+        entry.name: entry.read_text() for entry in folder.joinpath("functions").iterdir() if entry.name.endswith(".sql")
+    }
+    assert sorted(files) == ["0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql"]
+    assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
+    for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
+        assert not re.search(r"CREATE (OR REPLACE )?FUNCTION", text), name
+    defined = [match for text in functions.values() for match in re.findall(r"FUNCTION \{s\}\.(\w+)\(", text)]
+    assert len(defined) == len(set(defined)) >= 17, defined
+    included = {name for text in files.values() for name in re.findall(r"^\\ir functions/(\S+)$", text, re.M)}
+    assert included == set(functions)
+
+
+# The forms functions had before the migration (the key) that changed their parameters: a database an earlier
+# threadloom left at a lower version holds them (their bodies do not matter: the migration drops them).
+REPLACED_FORMS = {
+    3: [
+        "tl_prune(text, bigint, integer, bigint) RETURNS boolean",
+        "tl_sweep(text[], jsonb, bigint, integer, bigint, bigint) RETURNS void",
+        "tl_prune_row({s}.threads, timestamptz, bigint, integer, bigint, text[]) RETURNS boolean",
+    ],
+    4: [
+        "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
+        "text[], text, text[], text[], text[], jsonb) RETURNS void"
+    ],
+}
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
+    harness: PgHarness, monkeypatch, version: int
+) -> None:
+    from threadloom.persistence.postgres import schema as postgres_schema
+
+    fresh = harness.open()
+    steps = postgres_schema.migrations()
+    earlier = new_schema_name()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(postgres_schema, "migrations", lambda: steps[:version])
+            PostgresCheckpointer.open(harness.dsn, harness.config(schema=earlier)).close()
+        quoted = f'"{earlier}"'
+        with psycopg.connect(harness.dsn, autocommit=True) as conn:
+            for replaced_by, forms in REPLACED_FORMS.items():
+                for form in forms if replaced_by > version else ():
+                    body = "SELECT" if form.endswith("void") else "SELECT NULL::boolean"
+                    conn.execute(f"CREATE FUNCTION {quoted}.{form.format(s=quoted)} LANGUAGE sql AS '{body}'")
+        store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=earlier))
+        token = claim(store, "t").token
+        records = store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+        assert [r.seq for r in records] == [1] and store.latest("t").checkpoint.fencing_token == token
+        store.close()
+        got = {(name, args.replace(earlier, "S"), body.replace(earlier, "S")) for name, args, body in
+               _functions(harness.dsn, earlier)}  # fmt: skip
+        assert got == _functions(harness.dsn, fresh.config.schema)
+    finally:
+        drop_schema(harness.dsn, earlier)
+
+
+# -- encode once: a commit writes the texts encoded once ---------------------------------------------------------
+
+
+def test_a_commit_writes_the_encoded_texts_as_they_are(harness: PgHarness) -> None:
+    from threadloom import EffectRecord, PendingWrite
+    from threadloom.persistence.encoded import encode_commit
+
+    store = harness.open()
+    token = claim(store, "t").token
+    store.commit("t", Commit(token=token, events=[event("before")]))
+    commit = Commit(
+        token=token,
+        checkpoint=checkpoint("t", "c1", None, state={"text": "é \u2028 \"q\"", "n": [1, 2.5, None]}),
+        pending_writes=[PendingWrite(checkpoint_id="c1", task_id="task", node_id="n", payload={"k": "v"})],
+        events=[event("a"), event("b")],
+        effects=[EffectRecord(key="k", run_id="run-1", recorded_at=NOW, result=["r"])],
+    )
+    encoded = encode_commit("t", commit)
+    records = store.commit("t", commit)
+    assert records == [encoded.events[0].record(2), encoded.events[1].record(3)]
+    assert store.events_after("t", 1, 10) == records
+    s = f'"{harness.schema}"'
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT body FROM {s}.checkpoints").fetchall() == [(encoded.checkpoint.text,)]
+        assert conn.execute(f"SELECT body FROM {s}.pending_writes").fetchall() == [(encoded.pending_writes[0].text,)]
+        assert conn.execute(f"SELECT seq, body FROM {s}.events WHERE seq > 1 ORDER BY seq").fetchall() == [
+            (2, encoded.events[0].text(2)), (3, encoded.events[1].text(3))
+        ]  # fmt: skip
+        assert conn.execute(f"SELECT body FROM {s}.effects").fetchall() == [(encoded.effects[0].text,)]
+
+
+def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: PgHarness) -> None:
+    """The commit function answers what its checks read and the store raises through the one commit rule; a
+    function that refuses what every check passes (not this version's) is StoreCorrupt, and nothing is written."""
+    store = harness.open()
+    token = claim(store, "t").token
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""CREATE OR REPLACE FUNCTION "{harness.schema}".tl_commit(
+                    p_thread text, p_token bigint, p_fence text, p_fence_token bigint, p_cp_id text, p_cp_parent text,
+                    p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text, p_cp_origin text,
+                    p_cp_body text, p_retract boolean, p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[],
+                    p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, OUT first_seq bigint,
+                    OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
+                    OUT latest text)
+                LANGUAGE plpgsql AS $$ BEGIN current := p_token; duplicate := false; END $$"""
+        )
+    with pytest.raises(StoreCorrupt) as caught:
+        store.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event()]))
+    assert caught.value.operation == "commit" and "'t'" in caught.value.message
+    assert store.latest("t") is None and store.events_after("t", 0, 10) == []
 
 
 # -- the database decides time (seeds 003) -------------------------------------------------------------------
@@ -720,14 +856,14 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
         conn.execute(f"INSERT INTO {s}.children SELECT 'parent', 'x' || i, i FROM generate_series(4, 3000, 4) i")
         conn.execute(f"ANALYZE {s}.threads; ANALYZE {s}.checkpoints; ANALYZE {s}.children")
     captured: list[tuple[str, str, list]] = []
-    original = store._call  # noqa: SLF001
+    original = store._db.call  # noqa: SLF001
 
     def capture(operation, thread_id, statement, params, **kwargs):
         if not kwargs.get("write"):
             captured.append((operation, statement, list(params)))
         return original(operation, thread_id, statement, params, **kwargs)
 
-    store._call = capture  # noqa: SLF001
+    store._db.call = capture  # noqa: SLF001
     store.latest("x8")
     store.history("x8", limit=10)
     store.history("x8", limit=10, before="c8")
@@ -741,7 +877,7 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
     store.threads(ThreadQuery(tenant_id=None, after=ThreadCursor(updated_at=NOW, thread_id="x1")))
     store.incomplete("acme", limit=10)
     store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=3)), None, after="x5")
-    store._call = original  # noqa: SLF001
+    store._db.call = original  # noqa: SLF001
     assert {operation for operation, _, _ in captured} >= {
         "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep"
     }

@@ -1,13 +1,13 @@
-"""``PostgresRunQueue``: the durable run queue (DESIGN §4) in a :class:`PostgresCheckpointer`'s schema.
+"""``PostgresRunQueue``: the durable run queue in a :class:`PostgresCheckpointer`'s schema.
 
-It is the store's ``queue`` attribute and works through the store itself: every call is one of the store's
-bounded calls (``PostgresCheckpointer._call``: one pooled connection, one transaction, one round trip, the call
-timeout set on the server and enforced on the client), and every driver error goes through the store's one
-mapping function (:func:`~threadloom.persistence.postgres.map_error`). The database decides time: enqueue,
-lease, expiry, renewal, release and finish times are the server's ``clock_timestamp()``.
+It is the store's ``queue`` attribute and calls through the store's
+:class:`~threadloom.persistence.postgres.calls.Database` - the package's one way to run a statement: one pooled
+connection, one transaction, one round trip, the call timeout set on the server and enforced on the client, and
+every driver error through :func:`~threadloom.persistence.postgres.errors.map_error`. Of the store itself it
+uses only the public ``closed``. The database decides time: enqueue, lease, expiry, renewal, release and finish
+times are the server's ``clock_timestamp()``.
 
-Each write is one PL/pgSQL function of migration 2 (:data:`~threadloom.persistence.postgres.sql.QUEUE_MIGRATION`)
-called in one statement:
+Each write is one PL/pgSQL function (``migrations/functions/run_queue.sql``) called in one statement:
 
 * ``tl_q_lease`` selects the oldest leasable head ``FOR UPDATE SKIP LOCKED LIMIT 1`` through the partial index
   ``run_queue_leasable`` and numbers the next attempt on it, so concurrent leases - from threads, stores or
@@ -18,7 +18,7 @@ called in one statement:
   has exactly one head (its oldest open entry) whatever runs at the same time.
 
 ``prune`` and ``sweep`` keep the newest checkpoint of every run an open entry recorded, read inside their own
-write transaction after they locked the thread's row (``tl_prune_row``, replaced by migration 2).
+write transaction after they locked the thread's row (``tl_prune_row``, ``migrations/functions/retention.sql``).
 
 Entry ids and attempts are ``bigint`` and durations microseconds: the public methods already bound them
 (``validation.MAX_INT``, ``validation.MAX_DURATION``), so every argument fits its column.
@@ -27,7 +27,7 @@ Entry ids and attempts are ``bigint`` and durations microseconds: the public met
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import duration_micros
@@ -35,16 +35,18 @@ from threadloom.domain.errors import ProcessingError, StaleLease, ValidationErro
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.postgres.calls import as_utc
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:  # pragma: no cover
+    from threadloom.persistence.postgres.calls import Database
     from threadloom.persistence.postgres.store import PostgresCheckpointer
 
 
 
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
-    return codec.decode_queue_entry(row[:13], row[13] or (), lambda when: when.astimezone(UTC))
+    return codec.decode_queue_entry(row[:13], row[13] or (), as_utc)
 
 
 class PostgresRunQueue(RunQueue):
@@ -54,19 +56,21 @@ class PostgresRunQueue(RunQueue):
     they all see one queue. It shares the store's pool, call bounds, closed state and error mapping.
 
     Every call raises what :class:`~threadloom.persistence.queue.RunQueue` documents and, like the store's own
-    calls, ``ProcessingError`` when the database fails or does not answer within the call timeout; a write whose
-    connection was lost after it was sent is ``OutcomeUnknown`` (a lease may then have been granted: it expires
-    unused; ``record_run``, ``renew_lease``, ``finish`` and ``release_lease`` are safe to retry).
+    calls, a ``ProcessingError`` of the kind the store documents: ``StoreUnavailable`` when nothing was applied
+    (retry it), ``OutcomeUnknown`` when a write's connection was lost after it was sent (a lease may then have
+    been granted: it expires unused; ``record_run``, ``renew_lease``, ``finish`` and ``release_lease`` are safe
+    to retry), ``StoreCorrupt`` for a schema that does not match this version.
 
     Args:
-        store: the store whose schema and connections the queue uses.
+        store: the store the queue belongs to (its ``closed`` state).
+        db: the store's calls, on the same schema and connections.
     """
 
-    def __init__(self, store: PostgresCheckpointer) -> None:
+    def __init__(self, store: PostgresCheckpointer, db: Database) -> None:
         self._store = store
-        render = store._render
+        self._db = db
         self._sql = {
-            name: render(getattr(q, name))
+            name: db.render(getattr(q, name))
             for name in (
                 "Q_ENQUEUE",
                 "Q_LEASE",
@@ -92,7 +96,7 @@ class PostgresRunQueue(RunQueue):
     # -- helpers ----------------------------------------------------------------------------------------------
 
     def _write(self, operation: str, thread_id: str | None, name: str, params: tuple[Any, ...]) -> tuple[Any, ...]:
-        rows = self._store._call(operation, thread_id, self._sql[name], params, write=True)
+        rows = self._db.call(operation, thread_id, self._sql[name], params, write=True)
         if len(rows) != 1:
             raise ProcessingError(operation, f"the queue function answered {len(rows)} rows, not one")
         return rows[0]
@@ -169,27 +173,27 @@ class PostgresRunQueue(RunQueue):
 
     def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
         delay_us = duration_micros(delay)
-        self._store._call(
+        self._db.call(
             "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us), write=True
         )
 
     # -- reads ------------------------------------------------------------------------------------------------
 
     def _entry(self, entry_id: int) -> QueueEntry | None:
-        rows = self._store._call("entry", None, self._sql["Q_ENTRY"], (entry_id,), write=False)
+        rows = self._db.call("entry", None, self._sql["Q_ENTRY"], (entry_id,), write=False)
         return entry_value(rows[0]) if rows else None
 
     def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
         if status is None:
-            rows = self._store._call("entries", None, self._sql["Q_ENTRIES"], (after, limit), write=False)
+            rows = self._db.call("entries", None, self._sql["Q_ENTRIES"], (after, limit), write=False)
         else:
-            rows = self._store._call(
+            rows = self._db.call(
                 "entries", None, self._sql["Q_ENTRIES_OF"], (status.value, after, limit), write=False
             )
         return [entry_value(row) for row in rows]
 
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
-        rows = self._store._call("open_runs", None, self._sql["Q_OPEN_RUNS"], (list(thread_ids),), write=False)
+        rows = self._db.call("open_runs", None, self._sql["Q_OPEN_RUNS"], (list(thread_ids),), write=False)
         found: dict[str, set[str]] = {}
         for thread_id, run_id in rows:
             found.setdefault(thread_id, set()).add(run_id)

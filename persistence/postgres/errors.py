@@ -1,0 +1,168 @@
+"""The one place where psycopg's errors become threadloom's: :func:`map_error`.
+
+Classified by SQLSTATE (never by message text), by why the client aborted the call, and, for an error the
+client raised itself (no SQLSTATE), by the state of the call's connection. What a caller can do decides the
+kind:
+
+=====================  ===========================================================================================
+kind                   when
+=====================  ===========================================================================================
+``StoreUnavailable``   nothing was applied and the same call may pass later: no connection within the connect
+                       timeout, a lost connection on a read, the client's deadline on a read, the server's
+                       statement or lock timeout, a serialization failure or deadlock, too few resources
+                       (disk full, out of memory, too many connections), a server shutting down
+``OutcomeUnknown``     a write whose statement (and so its COMMIT) was in flight when the connection was lost
+                       or the client's deadline aborted it, or whose answer could not be read
+``StoreCorrupt``       a schema or table missing, functions or columns that do not match this version, data
+                       the server or the driver reports damaged: a person must look
+``StoreClosed``        the pool the store calls through is closed
+``CancelledError``     the call's ``cancel`` event was set
+``ProcessingError``    anything else, e.g. a value the driver could not convert (nothing was sent)
+=====================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from threadloom.domain.errors import (
+    CancelledError,
+    OutcomeUnknown,
+    ProcessingError,
+    StoreClosed,
+    StoreCorrupt,
+    StoreUnavailable,
+    ThreadloomError,
+)
+from threadloom.persistence.postgres.conninfo import first_line
+
+_CONNECTION_LOST = frozenset({"57P01", "57P02", "57P03", "25P03"})
+"""Besides class 08: admin, crash and cannot-connect-now shutdowns, and the idle-in-transaction timeout."""
+_SCHEMA_MISSING = frozenset({"3F000", "42P01"})
+_SCHEMA_MISMATCH = frozenset({"42883", "42703", "42804"})
+_DATA_CORRUPT = frozenset({"XX001", "XX002"})
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    """Whether ``error`` is psycopg's own report of a connection that failed (``OperationalError``)."""
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - then it cannot be one of psycopg's errors
+        return False
+    return isinstance(error, psycopg.OperationalError)
+
+
+def map_error(
+    error: BaseException,
+    *,
+    operation: str,
+    thread_id: str | None,
+    write: bool,
+    aborted: str | None = None,
+    call_timeout: timedelta | None = None,
+    scrub: Callable[[str], str] = lambda text: text,
+    broken: bool | None = None,
+    answered: bool = False,
+) -> ThreadloomError:
+    """The threadloom error for a failure of a database call (see the module docstring for the kinds).
+
+    * ``aborted == "cancel"``: :class:`CancelledError`.
+    * ``aborted == "timeout"``, or a lost connection (class ``08``, ``57P01``-``57P03``, ``25P03``; or no SQLSTATE
+      and the connection is broken, or, when ``broken`` is not known, psycopg's ``OperationalError``): for a
+      write :class:`OutcomeUnknown` (its COMMIT may have landed), else :class:`StoreUnavailable`.
+    * a client-side error on a connection that is still sound (no SQLSTATE: psycopg's ``DataError`` or
+      ``ProgrammingError`` while converting a value, ``InterfaceError``, any other exception): nothing was sent,
+      so :class:`ProcessingError` - except when the statement had already been ``answered`` (the error came
+      while reading its rows): a write then applied (:class:`OutcomeUnknown`), a read met a stored value the
+      driver cannot load (:class:`StoreCorrupt`).
+    * a server error (any other SQLSTATE): the transaction rolled back. :class:`StoreUnavailable` for timeouts
+      (``57014``, ``55P03``), conflicts (class ``40``) and resources (class ``53``); :class:`StoreCorrupt` for
+      a missing schema or table (``3F000``, ``42P01``), a schema whose functions or columns do not match this
+      version (``42883``, ``42703``, ``42804``) and damaged data (``XX001``, ``XX002``); else
+      :class:`ProcessingError`.
+    * the pool: ``PoolTimeout`` is :class:`StoreUnavailable`, ``PoolClosed`` :class:`StoreClosed`.
+    * a :class:`ThreadloomError` is returned unchanged.
+
+    Args:
+        operation: the store method, named in the error.
+        thread_id: the thread the call was about, named in the message when given.
+        write: whether the call writes (only a write can be :class:`OutcomeUnknown`).
+        aborted: ``"timeout"`` or ``"cancel"`` when the client aborted the call's connection.
+        call_timeout: the bound, named in timeout messages.
+        scrub: removes secrets (the connection string's password) from driver text.
+        broken: whether the call's connection is closed or broken after the error (None: not known).
+        answered: whether the server had answered the statement (the error came while reading its rows).
+
+    Returns:
+        The error to raise (the caller raises it ``from None``: driver text may hold a password).
+    """
+    if isinstance(error, ThreadloomError):
+        return error
+    where = f" on thread {thread_id!r}" if thread_id is not None else ""
+    bound = f"{call_timeout.total_seconds():g} s" if call_timeout is not None else "the call timeout"
+    if aborted == "cancel":
+        return CancelledError(operation)
+    sqlstate = getattr(error, "sqlstate", None)
+    detail = scrub(first_line(error))
+    kind = type(error).__name__
+    if kind in ("PoolTimeout", "TooManyRequests"):
+        return StoreUnavailable(
+            operation, f"no database connection became free within the connect timeout{where} ({detail})"
+        )
+    if kind == "PoolClosed":
+        return StoreClosed(operation, f"the connection pool is closed{where}; open a new store")
+    if aborted == "timeout":
+        message = f"no answer from the database within {bound}{where}; the connection was aborted and discarded"
+        return OutcomeUnknown(operation, message) if write else StoreUnavailable(operation, message)
+    if sqlstate is None:
+        lost = broken if broken is not None else _is_connection_error(error)
+    else:
+        lost = sqlstate.startswith("08") or sqlstate in _CONNECTION_LOST
+    if lost:
+        message = f"the database connection was lost{where} ({detail or kind})"
+        return OutcomeUnknown(operation, message) if write else StoreUnavailable(operation, message)
+    if sqlstate is None:
+        return _client_side(operation, where, f"{kind}: {detail}" if detail else kind, write, answered)
+    return _server_side(operation, where, sqlstate, detail, bound, write)
+
+
+def _client_side(operation: str, where: str, text: str, write: bool, answered: bool) -> ThreadloomError:
+    """An error the driver raised on a sound connection: a value it could not convert or load, a misuse."""
+    if answered and write:
+        return OutcomeUnknown(
+            operation, f"the database applied the call{where}, but its answer could not be read ({text})"
+        )
+    if answered:
+        return StoreCorrupt(operation, f"the database's answer{where} could not be read ({text})")
+    return ProcessingError(operation, f"the database driver refused the call's values{where}; nothing was sent ({text})")
+
+
+def _server_side(operation: str, where: str, sqlstate: str, detail: str, bound: str, write: bool) -> ThreadloomError:
+    """An error the server answered: its transaction rolled back, nothing was written."""
+    if sqlstate == "57014":
+        return StoreUnavailable(operation, f"the database cancelled the call{where} after {bound} ({detail})")
+    if sqlstate == "55P03":
+        return StoreUnavailable(
+            operation, f"a lock{where} stayed held by another transaction for {bound}; nothing was written"
+        )
+    if sqlstate.startswith("40"):
+        return StoreUnavailable(operation, f"a conflicting transaction{where} made the database roll back ({detail})")
+    if sqlstate.startswith("53"):
+        return StoreUnavailable(operation, f"the database lacks resources{where}: [{sqlstate}] {detail}")
+    if sqlstate in _SCHEMA_MISSING:
+        return StoreCorrupt(
+            operation, f"the store's schema or one of its tables is missing{where}: was it dropped? ({detail})"
+        )
+    if sqlstate in _SCHEMA_MISMATCH:
+        return StoreCorrupt(
+            operation,
+            f"the store's schema or functions do not match this version{where} ([{sqlstate}] {detail})"
+            + ("; nothing was written" if write else ""),
+        )
+    if sqlstate in _DATA_CORRUPT:
+        return StoreCorrupt(operation, f"the database reports damaged data{where}: [{sqlstate}] {detail}")
+    return ProcessingError(operation, f"the database failed{where}: [{sqlstate}] {detail}")
+
+
+__all__ = ["map_error"]

@@ -1,0 +1,114 @@
+-- commit (version 4; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
+--
+-- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
+-- fenced writes never deadlock), reads what the commit checks need, and applies the commit when every check
+-- passes. The client decides nothing here but "all passed": the checks' order and messages are the client's one
+-- commit rule (domain/rules.py check_commit), which it runs on what this function answers.
+--
+-- Answers: applied, first_seq = the number of the commit's first event (its events take first_seq, +1, ...).
+-- Refused (nothing written): first_seq NULL. Either way the other fields hold what the checks read: current (the
+-- thread's claim token), fence_current (the fence thread's claim token), base (what the checkpoint's parent must
+-- name: the latest id, or with p_retract the newest settled one), duplicate (the checkpoint id is already in the
+-- history), latest (the latest id, which pending writes name when the commit has no checkpoint).
+--
+-- Event texts arrive without their number: each is stored as '{{"seq":<n>,' || text, exactly the text the
+-- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
+-- or re-read by the client.
+CREATE OR REPLACE FUNCTION {s}.tl_commit(
+    p_thread text, p_token bigint, p_fence text, p_fence_token bigint,
+    p_cp_id text, p_cp_parent text, p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text,
+    p_cp_origin text, p_cp_body text, p_retract boolean,
+    p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[], p_fx_keys text[], p_fx_bodies text[],
+    p_metadata jsonb,
+    OUT first_seq bigint, OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
+    OUT latest text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r record;
+    v_keep bigint;
+    v_result text;
+    v_stamp timestamptz;
+    v_pos bigint;
+    v_events integer := coalesce(cardinality(p_ev_bodies), 0);
+    v_pws integer := coalesce(cardinality(p_pw_bodies), 0);
+BEGIN
+    IF p_fence IS NOT NULL THEN
+        PERFORM 1 FROM {s}.threads WHERE thread_id IN (p_thread, p_fence) ORDER BY thread_id FOR UPDATE;
+        SELECT claim_token INTO fence_current FROM {s}.threads WHERE thread_id = p_fence;
+    END IF;
+    SELECT th.claim_token, th.latest_pos, th.latest_id, th.next_seq, th.next_pos, th.next_pw, th.stamped_at
+        INTO r FROM {s}.threads th WHERE th.thread_id = p_thread FOR UPDATE;
+    current := r.claim_token;
+    latest := r.latest_id;
+    base := r.latest_id;
+    v_keep := r.latest_pos;
+    IF p_cp_id IS NOT NULL THEN
+        IF p_retract THEN  -- no settled checkpoint: both NULL (the whole history goes)
+            SELECT c.pos, c.id INTO v_keep, base FROM {s}.checkpoints c
+                WHERE c.thread_id = p_thread AND c.status IN ('completed', 'failed')
+                ORDER BY c.pos DESC LIMIT 1;
+        END IF;
+        duplicate := EXISTS (SELECT 1 FROM {s}.checkpoints c WHERE c.thread_id = p_thread AND c.id = p_cp_id);
+    END IF;
+    v_result := coalesce(p_cp_id, r.latest_id);
+    IF current IS DISTINCT FROM p_token
+        OR (p_fence IS NOT NULL AND fence_current IS DISTINCT FROM p_fence_token)
+        OR (p_cp_id IS NOT NULL AND (p_cp_parent IS DISTINCT FROM base OR duplicate))
+        OR EXISTS (SELECT 1 FROM unnest(p_pw_cps) AS u(cp) WHERE u.cp IS DISTINCT FROM v_result)
+        OR (p_retract AND p_cp_id IS NULL) THEN
+        RETURN;
+    END IF;
+    v_stamp := greatest(clock_timestamp(), r.stamped_at);
+    IF p_cp_id IS NOT NULL THEN
+        IF p_retract THEN
+            DELETE FROM {s}.checkpoints WHERE thread_id = p_thread AND pos > coalesce(v_keep, 0);
+        END IF;
+        v_pos := r.next_pos;
+        INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body)
+            VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body);
+        IF r.next_pw > 1 THEN
+            DELETE FROM {s}.pending_writes WHERE thread_id = p_thread;
+        END IF;
+        IF p_cp_origin IS NOT NULL THEN
+            INSERT INTO {s}.children (parent, child, place)
+                SELECT p_cp_origin, p_thread, nextval('{s}.places')
+                WHERE NOT EXISTS (SELECT 1 FROM {s}.children c WHERE c.parent = p_cp_origin AND c.child = p_thread);
+        END IF;
+    END IF;
+    IF v_pws > 0 THEN
+        INSERT INTO {s}.pending_writes (thread_id, idx, body)
+            SELECT p_thread, r.next_pw + u.o - 1, u.b FROM unnest(p_pw_bodies) WITH ORDINALITY AS u(b, o);
+    END IF;
+    IF v_events > 0 THEN
+        INSERT INTO {s}.events (thread_id, seq, committed_at, body)
+            SELECT p_thread, r.next_seq + u.o - 1, v_stamp, '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e
+            FROM unnest(p_ev_bodies) WITH ORDINALITY AS u(e, o);
+    END IF;
+    IF coalesce(cardinality(p_fx_keys), 0) > 0 THEN
+        INSERT INTO {s}.effects (thread_id, key, body)
+            SELECT p_thread, u.k, u.b FROM unnest(p_fx_keys, p_fx_bodies) AS u(k, b)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    IF p_cp_id IS NOT NULL THEN
+        UPDATE {s}.threads SET
+            next_seq = next_seq + v_events, next_pos = v_pos + 1, next_pw = next_pw + v_pws,
+            stamped_at = v_stamp, updated_at = v_stamp,
+            metadata = CASE WHEN p_metadata IS NULL THEN metadata ELSE metadata || p_metadata END,
+            latest_pos = v_pos, latest_id = p_cp_id, latest_run_id = p_cp_run, latest_status = p_cp_status,
+            tenant_id = p_cp_tenant, graph_id = p_cp_graph, origin_parent = p_cp_origin
+            WHERE thread_id = p_thread;
+    ELSIF p_metadata IS NOT NULL THEN
+        UPDATE {s}.threads SET
+            next_seq = next_seq + v_events, next_pw = next_pw + v_pws,
+            stamped_at = v_stamp, updated_at = v_stamp, metadata = metadata || p_metadata
+            WHERE thread_id = p_thread;
+    ELSE
+        UPDATE {s}.threads SET next_seq = next_seq + v_events, next_pw = next_pw + v_pws, stamped_at = v_stamp
+            WHERE thread_id = p_thread;
+    END IF;
+    IF v_events > 0 THEN
+        PERFORM pg_notify({channel}, p_thread);
+    END IF;
+    first_seq := r.next_seq;
+END
+$fn$;

@@ -1,0 +1,148 @@
+"""The store's schema: numbered migrations (``migrations/NNNN_name.sql``) and the step that applies them.
+
+A migration is the file ``migrations/<version, 4 digits>_<name>.sql``, read with :mod:`importlib.resources`. Its
+SQL names the schema ``{s}`` and the notification channel ``{channel}`` (filled in quoted by
+:meth:`~threadloom.persistence.postgres.calls.Database.render`; literal braces doubled). Functions are defined
+once each, in their current form, in ``migrations/functions/*.sql`` (``CREATE OR REPLACE``); a migration that
+creates or changes a function includes its file with a line ``\\ir functions/<file>.sql`` (psql's
+include-relative), after dropping a form whose parameters changed. So no migration repeats another's text.
+
+:func:`migrate` applies, in one transaction under a transaction-level advisory lock on the schema, every
+version the schema's ``schema_version`` table does not record yet, and records each. Several processes opening
+one schema at once migrate it once. A schema at a version newer than this code knows is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from importlib import resources
+
+import attrs
+
+from threadloom.domain.errors import ProcessingError, StoreCorrupt, ThreadloomError
+from threadloom.persistence.logs import get_logger
+from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.postgres.calls import Database
+
+log = get_logger("threadloom.persistence.postgres.schema")
+
+_FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
+_INCLUDE = re.compile(r"^\\ir\s+(functions/[a-z0-9_]+\.sql)\s*$", re.MULTILINE)
+
+
+@attrs.frozen
+class Migration:
+    """One numbered migration: its version, file name, and its SQL with the included function files."""
+
+    version: int
+    name: str
+    text: str
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("migrations", *name.split("/")).read_text(encoding="utf-8")
+
+
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration, in version order (read once, on first use).
+
+    Raises:
+        ProcessingError: the migration files are not numbered 1, 2, 3… without a gap (a broken installation).
+    """
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _FILE.fullmatch(entry.name)
+        if match is not None:
+            text = _INCLUDE.sub(lambda m: _read(m.group(1)), _read(entry.name))
+            found.append(Migration(int(match.group(1)), entry.name, text))
+    found.sort(key=lambda migration: migration.version)
+    if [migration.version for migration in found] != list(range(1, len(found) + 1)):
+        raise ProcessingError("open", f"the store's migrations are not numbered 1 to {len(found)}: {found}")
+    return tuple(found)
+
+
+def migrate(db: Database, target: str) -> None:
+    """Creates the schema of ``db`` or applies the migrations it lacks (see the module docstring).
+
+    Args:
+        db: the store's calls (its schema, bound and pool).
+        target: where the database is (``user@host:port/dbname``), named in errors.
+
+    Raises:
+        ProcessingError: the schema holds no store and ``config.create`` is False (nothing was created).
+        StoreCorrupt: the schema is at a version newer than this code.
+        StoreUnavailable: the database failed or did not answer within two call bounds (nothing was applied: a
+            retry is safe).
+    """
+    from psycopg import errors
+
+    config = db.config
+    steps = migrations()
+    latest = steps[-1].version
+    conn, restore = db.checkout("open", None)
+    # Migrating may first wait (lock_timeout) for another process's migration: two call bounds.
+    watch = db.watchdog.enter(conn, time.monotonic() + 2 * config.deadline_s)
+    discard = True
+    try:
+        for attempt in range(3):
+            try:
+                cur = db.cursor(conn)
+                try:
+                    cur.execute(db.render(q.VERSION))
+                    row = cur.fetchone()
+                    if row is not None and row[0] >= latest:
+                        _check_version(config.schema, row[0], latest)
+                        discard = False
+                        return
+                except (errors.UndefinedTable, errors.InvalidSchemaName):
+                    if not config.create:
+                        raise ProcessingError(
+                            "open",
+                            f"no threadloom store in schema {config.schema!r} at {target} (nothing was created); "
+                            "run a command that writes, or check the schema",
+                        ) from None
+                ms = config.call_timeout_ms
+                with conn.transaction():
+                    cur.execute(f"SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {ms}")
+                    cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (q.SCHEMA_LOCK_CLASS, config.schema))
+                    cur.execute(db.render(q.BOOTSTRAP))
+                    cur.execute(db.render(q.VERSION))
+                    current = cur.fetchone()[0]
+                    _check_version(config.schema, current, latest)
+                    for step in steps:
+                        if step.version > current:
+                            cur.execute(db.render(step.text))
+                            cur.execute(db.render(q.RECORD_VERSION), (step.version,))
+                if current < latest:
+                    log.info("store.migrated", op="open", schema=config.schema, version=latest)
+                discard = False
+                return
+            except (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable):
+                # CREATE SCHEMA/TABLE IF NOT EXISTS raced a creator that does not take our lock: try again.
+                if attempt == 2:
+                    raise
+    except ThreadloomError:
+        raise
+    except Exception as error:
+        aborted = db.watchdog.leave(watch)  # DDL under an advisory lock, idempotent: never OutcomeUnknown
+        broken = bool(conn.closed or conn.broken)
+        raise db.error(error, "open", None, write=False, aborted=aborted, broken=broken) from None
+    finally:
+        discard = db.watchdog.leave(watch) is not None or discard
+        db.give_back(conn, discard=discard, restore=restore)
+
+
+def _check_version(schema: str, current: int, latest: int) -> None:
+    if current > latest:
+        raise StoreCorrupt(
+            "open",
+            f"schema {schema!r} is at version {current}, newer than this threadloom knows ({latest}); "
+            "upgrade threadloom",
+        )
+
+
+__all__ = ["Migration", "migrate", "migrations"]
