@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "QueueEntry": "threadloom.domain.queue",
     # stores (persistence)
     "Checkpointer": "threadloom.persistence.base",
+    "StoreBase": "threadloom.persistence.base",
+    "ForwardingCheckpointer": "threadloom.persistence.forwarding",
     "SystemClock": "threadloom.persistence.clock",
     "open_store": "threadloom.persistence",
     "RunQueue": "threadloom.persistence.queue",
@@ -139,7 +141,8 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         ThreadSummary,
     )
     from threadloom.persistence import open_store
-    from threadloom.persistence.base import Checkpointer
+    from threadloom.persistence.base import Checkpointer, StoreBase
+    from threadloom.persistence.forwarding import ForwardingCheckpointer
     from threadloom.persistence.clock import SystemClock
     from threadloom.persistence.memory import InMemoryCheckpointer
     from threadloom.persistence.metrics import InMemoryMeter, Meter, MeteredCheckpointer

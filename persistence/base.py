@@ -165,6 +165,8 @@ class Checkpointer(abc.ABC):
         (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
         already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
         checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
+        The commit's JSON parts are written as their constructors validated and encoded them (changing a dict
+        you passed to a constructor afterwards changes nothing that is stored).
 
         Returns:
             The commit's events, numbered contiguously in commit order, each with the commit's token: what a
@@ -377,24 +379,8 @@ class StoreBase(Checkpointer):
     # -- commits -------------------------------------------------------------------------------------------------
 
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
-        """Applies ``commit`` atomically, fenced by its token (DESIGN §3 rules 3–4; seeds 000 "commit").
-
-        Checks, in order, the first failure winning with nothing written: own token (``StaleClaim``), the
-        fence's token (``StaleClaim`` naming the other thread), the checkpoint's parent against the latest
-        (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
-        already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
-        checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
-
-        Returns:
-            The commit's events, numbered contiguously in commit order, each with the commit's token: what a
-            later read returns.
-
-        Raises:
-            StaleClaim, CheckpointConflict, InvalidCommit: as above; a retry with the same commit is refused
-                the same way.
-            OutcomeUnknown: the storage failed while the commit was in flight (read the thread to learn).
-            ValidationError, ProcessingError: as for :meth:`claim`.
-        """
+        """:meth:`Checkpointer.commit`: validates and encodes ``commit`` once
+        (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
         v.check_id("thread_id", thread_id)
         encoded = encode_commit(thread_id, commit)
         self._ensure_open("commit")
