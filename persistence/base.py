@@ -382,7 +382,7 @@ class StoreBase(Checkpointer):
         """:meth:`Checkpointer.commit`: validates and encodes ``commit`` once
         (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
         v.check_id("thread_id", thread_id)
-        encoded = encode_commit(thread_id, commit)
+        encoded = check_commit(thread_id, commit)
         self._ensure_open("commit")
         return self._commit(thread_id, encoded)
 
