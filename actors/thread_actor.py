@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 import pykka
+
 from threadloom.actors import graph as g
 from threadloom.actors._failures import (
     can_repeat,

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from bench_sqlite import STATE
 from benchlib import Row, Section, Settings, quiet_logs, throughput
+
 from threadloom import (
     Checkpoint,
     Checkpointer,

@@ -22,7 +22,6 @@ import attrs
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
-from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -39,6 +38,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
+from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.persistence.queue import RunQueue
 
 

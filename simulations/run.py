@@ -27,6 +27,7 @@ from typing import Any
 
 import attrs
 import structlog
+
 from threadloom.actors.graph import Graph, NodeContext, Step
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runtime import GraphRuntime

@@ -26,15 +26,16 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import greenlet
 import pykka
 from pykka import messages as pykka_messages
+
 from threadloom.actors.scheduler import Scheduler
 
-EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 """Where every simulation's virtual clock starts."""
 
 _A = TypeVar("_A")

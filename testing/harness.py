@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from threadloom.domain.clock import ManualClock
@@ -20,7 +20,7 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class StoreHarness(abc.ABC):

@@ -172,7 +172,7 @@ RETENTION = st.builds(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _index(size: int) -> st.SearchStrategy[int]:
     return st.integers(0, size - 1)
 

@@ -15,7 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -55,7 +55,7 @@ ID_CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x
 """What an id may hold: no surrogate, no NUL (DESIGN §2)."""
 
 TIMEZONES = (
-    timezone.utc,
+    UTC,
     timezone(timedelta(hours=2)),
     timezone(timedelta(hours=-5, minutes=-30)),
     timezone(timedelta(hours=14)),

@@ -17,9 +17,7 @@ from threadloom.domain import rules
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
-    CheckpointConflict,
     CheckpointNotFound,
-    InvalidCommit,
     StaleClaim,
     ThreadBusy,
     ValidationError,
@@ -28,7 +26,6 @@ from threadloom.domain.rules import CheckpointRow
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
-    Commit,
     EffectRecord,
     EventRecord,
     RetentionPolicy,
@@ -44,8 +41,8 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
-from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
+from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
 
 
