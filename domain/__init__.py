@@ -50,7 +50,8 @@ from threadloom.domain.values import (
 __all__ = [
     "BusyHolder", "CancelledError", "Checkpoint", "CheckpointConflict", "CheckpointNotFound", "CheckpointOrigin",
     "CheckpointStatus", "ClaimRequest", "Clock", "Commit", "EffectRecord", "EventDraft", "EventRecord",
-    "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "StoreClosed", "StoreCorrupt", "StoreUnavailable", "ReplayUnavailable",
+    "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "StoreClosed", "StoreCorrupt",
+    "StoreUnavailable", "ReplayUnavailable",
     "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",
     "ThreadBusy", "ThreadCursor", "ThreadDeleted", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
     "ThreadloomError", "ValidationError",

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, TypeVar
 
-_T = TypeVar("_T")
-
 import attrs
 
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
+
+_T = TypeVar("_T")
 
 
 def _id(field: str):

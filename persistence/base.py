@@ -49,13 +49,17 @@ def _instance(field: str, value: Any, kind: type) -> Any:
 
 
 def _check_cancel(cancel: Any) -> threading.Event | None:
-    if cancel is not None and not (callable(getattr(cancel, "is_set", None)) and callable(getattr(cancel, "wait", None))):
+    if cancel is not None and not (
+        callable(getattr(cancel, "is_set", None)) and callable(getattr(cancel, "wait", None))
+    ):
         raise ValidationError("cancel", ("must be a threading.Event or None",))
     return cancel
 
 
 def check_commit(thread_id: str, commit: Any) -> EncodedCommit:
-    """Validates ``commit`` for ``thread_id`` and encodes it, once (:func:`~threadloom.persistence.encoded.encode_commit`).
+    """Validates ``commit`` for ``thread_id`` and encodes it, once.
+
+    The encoding is :func:`~threadloom.persistence.encoded.encode_commit`'s.
 
     Raises:
         ValidationError: not a ``Commit``; its checkpoint names another thread or carries another token; its
@@ -618,4 +622,6 @@ def ask_guard(guard: SweepGuard | None, thread_ids: tuple[str, ...]) -> Mapping[
     except ThreadloomError:
         raise
     except Exception as error:  # the guard is user code: anything it raises ends the sweep, nothing changed
-        raise ProcessingError("sweep", f"the sweep guard failed ({type(error).__name__}: {error}); nothing changed") from error
+        raise ProcessingError(
+            "sweep", f"the sweep guard failed ({type(error).__name__}: {error}); nothing changed"
+        ) from error

@@ -366,7 +366,7 @@ class _Seed:
 
     def plan(self) -> None:
         """Schedules the workload and the faults (all chosen by the seed)."""
-        world, rng = self.world, self.world.rng
+        rng = self.world.rng
         heal = HEAL_AT
         for index in range(rng.randrange(3, 9)):
             thread = rng.choice(self.threads)

@@ -19,6 +19,7 @@ exact instant (a claim at exactly its ``expires_at``) run only on a store that t
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -546,7 +547,7 @@ class CheckpointerContract:
         if harness.reopenable:
             store = harness.reopen(store)
             claim(store, "g")  # after a restart
-        assert all(later > earlier for earlier, later in zip(tokens, tokens[1:])), tokens
+        assert all(later > earlier for earlier, later in itertools.pairwise(tokens)), tokens
 
     # -- concurrency (rules 1-4; "several stores over one storage behave as one") ------------------------------------
 
@@ -697,7 +698,7 @@ class CheckpointerContract:
             "t", Commit(token=writer.token, checkpoint=cp, pending_writes=pending, events=drafts, effects=[effect])
         )
         assert seqs(records) == [1, 2, 3]
-        for record, draft in zip(records, drafts):
+        for record, draft in zip(records, drafts, strict=True):
             assert record == EventRecord.of(draft, thread_id="t", seq=record.seq, token=writer.token)
         assert store.events_after("t", 0, 100) == records
         stored = store.latest("t")

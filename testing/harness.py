@@ -181,7 +181,7 @@ def wrapping_harness(
     def _wrap(self: Any, store: Checkpointer) -> Checkpointer:
         if any(wrapped is store for wrapped in self.wrapped_stores):
             return store
-        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores):
+        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores, strict=True):
             if inner is store:
                 return wrapped
         wrapped = wrap(self, store)

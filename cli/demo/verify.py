@@ -95,7 +95,7 @@ class Check:
         return {"name": self.name, "passed": self.passed, "figure": self.figure, "problems": list(self.problems)}
 
 
-# -- reading the store -----------------------------------------------------------------------------------------------------
+# -- reading the store -------------------------------------------------------------------------------------------------
 
 
 def demo_entries(queue: RunQueue, entry_ids: set[int]) -> list[QueueEntry]:
@@ -192,7 +192,7 @@ def find_takeovers(logs: dict[str, list[EventRecord]], victim: str, killed_at: d
     return found
 
 
-# -- verification --------------------------------------------------------------------------------------------------------
+# -- verification ------------------------------------------------------------------------------------------------------
 
 
 def _examples(problems: list[str]) -> tuple[str, ...]:

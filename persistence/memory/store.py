@@ -181,7 +181,9 @@ class InMemoryCheckpointer(StoreBase):
             old = existing.claim if existing is not None else None
             if old is not None and rules.claim_is_live(old.expires_at, now):
                 raise ThreadBusy(
-                    thread_id, self._latest_id(existing), rules.busy_holder(old.holder, old.tenant_id, request.tenant_id)
+                    thread_id,
+                    self._latest_id(existing),
+                    rules.busy_holder(old.holder, old.tenant_id, request.tenant_id),
                 )
             expires_at = now + request.ttl  # first: an overflow must not leave a row or spend a token
             row = self._row(thread_id)

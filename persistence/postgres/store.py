@@ -222,7 +222,10 @@ class PostgresCheckpointer(StoreBase):
                 text,
                 min_size=config.min_size,
                 max_size=config.max_size,
-                kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds()))},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds())),
+                },
                 configure=configure,
                 timeout=config.connect_timeout.total_seconds(),
                 open=False,
@@ -329,7 +332,9 @@ class PostgresCheckpointer(StoreBase):
         code, current, holder, expires_at, tenant = rows[0]
         if code == 1:
             raise StaleClaim(thread_id, token, current)
-        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant)
+        return RunClaim(
+            thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant
+        )
 
     def _release(self, thread_id: str, token: int) -> None:
         self._call("release", thread_id, "RELEASE", (thread_id, token), write=True)
