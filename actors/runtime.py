@@ -664,7 +664,7 @@ class GraphRuntime:
         for subscription in subscriptions:
             subscription.cancel(timeout)
         try:
-            handles: list[RunHandle] = self._supervisor.ask(Drain())
+            handles: list[RunHandle] = self._supervisor.ask(Drain(), block=True)
         except pykka.ActorDeadError:
             handles = []
         for handle in handles:

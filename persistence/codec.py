@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -239,7 +239,7 @@ class _decoding:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, error: Any, _tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, _tb: Any) -> Literal[False]:
         if error is None:
             return False
         if isinstance(error, (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)):

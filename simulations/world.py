@@ -279,7 +279,7 @@ class World:
                 if timer.when <= now and not timer.cancelled and (timer.node is None or timer.node.runnable)
             ]
             if ready or due:
-                choice = rng.choice(ready + due) if len(ready) + len(due) > 1 else (ready or due)[0]
+                choice = rng.choice([*ready, *due]) if len(ready) + len(due) > 1 else (ready or due)[0]
                 if isinstance(choice, _Timer):
                     choice.cancelled = True
                     self._timers.remove(choice)
@@ -455,7 +455,7 @@ class SimScheduler(Scheduler):
         if found is None:
             found = type(f"Sim{cls.__name__}", (SimActor, cls), {"_sim_node": self.node})
             self._actor_classes[cls] = found
-        return found  # type: ignore[return-value]
+        return found
 
     def close(self, timeout: timedelta) -> list[str]:
         """Cancels the node's timers and waits for its tasks (each within ``timeout`` of virtual time)."""

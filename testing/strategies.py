@@ -48,10 +48,10 @@ __all__ = [
     "TEXT_CHARACTERS",
 ]
 
-TEXT_CHARACTERS = st.characters(exclude_categories=("Cs",))
+TEXT_CHARACTERS = st.characters(exclude_categories=["Cs"])
 """Any code point but a surrogate: what a JSON string may hold (NUL included)."""
 
-ID_CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+ID_CHARACTERS = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
 """What an id may hold: no surrogate, no NUL (DESIGN §2)."""
 
 TIMEZONES = (

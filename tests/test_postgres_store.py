@@ -294,6 +294,23 @@ def test_create_over_the_callers_pool_leaves_it_open_and_as_it_was(harness: PgHa
         pool.close()
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in psycopg_pool.__version__.split(".")[:2]) < (3, 3),
+    reason="psycopg_pool takes callable conninfo and kwargs from 3.3",
+)
+def test_create_over_a_pool_whose_conninfo_and_kwargs_are_callables(harness: PgHarness) -> None:
+    pool = psycopg_pool.ConnectionPool(
+        lambda: harness.dsn, kwargs=lambda: {"application_name": "callables"}, min_size=1, max_size=2, open=True
+    )
+    try:
+        store = PostgresCheckpointer.create(pool, harness.config())
+        token = claim(store, "t").token
+        assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
+        store.close()
+    finally:
+        pool.close()
+
+
 def test_create_refuses_what_is_not_a_pool() -> None:
     with pytest.raises(ValidationError) as info:
         PostgresCheckpointer.create("postgresql://x")  # type: ignore[arg-type]

@@ -405,8 +405,8 @@ def _check_stale(
                     f"{thread_id}: checkpoint {checkpoint.id} carries token {checkpoint.fencing_token}, "
                     f"its run's events {token}"
                 )
-    events = sum(len(e) for e in logs.values())
-    figure = f"0 of {events} events and {sum(len(h) for h in histories.values())} checkpoints with a stale token"
+    event_count = sum(len(e) for e in logs.values())
+    figure = f"0 of {event_count} events and {sum(len(h) for h in histories.values())} checkpoints with a stale token"
     if problems:
         figure = f"{len(problems)} stale write(s) found"
     if probed:

@@ -269,7 +269,9 @@ class PostgresCheckpointer(StoreBase):
             parts: dict[str, Any] | None = libpq.parse(text)
         except ValidationError:  # the pool's business: it fails to connect and says so
             parts = None
-        secrets = libpq.secrets_of(text, parts, dict(pool.kwargs or {}))
+        # psycopg_pool may take callables for conninfo and kwargs: it calls them itself, their secrets are unknown here
+        kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
+        secrets = libpq.secrets_of(text, parts, dict(kwargs))
         target = libpq.target_of(parts, secrets)
         return cls._migrated(pool, config, owns_pool=False, secrets=secrets, target=target)
 
