@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, StoreUnavailable, ThreadBusy
+
+_E = TypeVar("_E", bound=BaseException)
 
 RETRY_FIRST_PAUSE = timedelta(milliseconds=50)
 """The first pause before a transient failure is tried again (a commit, a subscription's read)."""
@@ -92,7 +94,7 @@ def error_kind(error: BaseException) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
 
 
-def closed_under(error: BaseException, store: Any, what: str, advice: str) -> BaseException:
+def closed_under(error: _E, store: Any, what: str, advice: str) -> _E | StoreClosed:
     """``error`` as the runtime reports it when the store was closed under ``what`` (a run, a worker, a watch).
 
     A ``ProcessingError`` of a closed store (a ``StoreClosed``, or any failure of a store that says it is closed)

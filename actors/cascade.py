@@ -11,6 +11,7 @@ its claim released: any runtime finishes it by deleting the root again.
 from __future__ import annotations
 
 import attrs
+
 from threadloom.actors._failures import error_kind, is_fatal, store_closed
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft

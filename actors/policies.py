@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import attrs
+
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import SweepPolicy

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pykka
+
 from threadloom.actors.cascade import CascadeDelete
 from threadloom.actors.graph import STEP_KEY, Graph, NodeContext, RunOutcome
 from threadloom.actors.logs import log as _log
@@ -56,7 +57,6 @@ from threadloom.domain.values import (
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.clock import SystemClock
 from threadloom.persistence.queue import RunQueue
-
 
 CHILD_BUSY_RETRY = timedelta(milliseconds=100)
 """How long ``ctx.spawn`` waits, by the runtime's clock, before it asks again for a child thread it is recovering
@@ -664,7 +664,7 @@ class GraphRuntime:
         for subscription in subscriptions:
             subscription.cancel(timeout)
         try:
-            handles: list[RunHandle] = self._supervisor.ask(Drain())
+            handles: list[RunHandle] = self._supervisor.ask(Drain(), block=True)
         except pykka.ActorDeadError:
             handles = []
         for handle in handles:

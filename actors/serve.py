@@ -198,6 +198,7 @@ class QueueWorker:
         graph = self.graphs[entry.graph_id]
         store = self._env.store
         run_id = self._env.ids.run_id(self._env.node_id)
+        handle: RunHandle | None
         try:
             recorded = self.queue.record_run(entry.entry_id, lease.attempt, run_id)
             earlier = [run for run in recorded.run_ids if run != run_id]

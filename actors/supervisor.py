@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import pykka
+
 from threadloom.actors._failures import error_kind, is_fatal
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log

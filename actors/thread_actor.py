@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 import pykka
+
 from threadloom.actors import graph as g
 from threadloom.actors._failures import (
     can_repeat,
@@ -631,10 +632,10 @@ class ThreadRun:
             return _Plan("start", state, graph.entry, cp, origin)
         assert cp is not None or status is None
         if kind is RunKind.RESUME and status is not CheckpointStatus.SUSPENDED:
-            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {status.value}"
+            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {cp.status.value}"
             raise InvalidRunState(spec.thread_id, op, f"{what}, not a suspended run; start or recover instead")
         if kind is RunKind.RECOVER and status is not CheckpointStatus.RUNNING:
-            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {status.value}"
+            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {cp.status.value}"
             raise InvalidRunState(spec.thread_id, op, f"{what}, not an incomplete run: nothing to recover")
         assert cp is not None
         next_node = cp.metadata.get(g.NEXT_KEY, "")

@@ -18,14 +18,14 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from benchlib import Row, Section, Settings
 
 from threadloom import (
     Checkpoint,
-    CheckpointStatus,
     Checkpointer,
+    CheckpointStatus,
     ClaimRequest,
     Commit,
     EventDraft,
@@ -41,7 +41,7 @@ PG_ENV = "THREADLOOM_BENCH_PG"
 GOAL = 0.95
 """Wrapped commits/s at least this share of bare commits/s (the wrapper costs at most 5%)."""
 
-_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_START = datetime(2026, 1, 1, tzinfo=UTC)
 _TTL = timedelta(hours=1)
 
 

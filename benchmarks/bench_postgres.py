@@ -480,6 +480,7 @@ def _wake_rows(run: _Run, settings: Settings) -> list[Row]:
 def _fill(run: _Run, sizes: dict[str, int]) -> None:
     """Commits ``sizes[thread]`` checkpoints to each thread, on a session with ``synchronous_commit=off``."""
     from psycopg_pool import ConnectionPool
+
     from threadloom import PostgresCheckpointer, PostgresCheckpointerConfig
 
     pool = ConnectionPool(run.url, min_size=1, max_size=1, open=True, timeout=30,

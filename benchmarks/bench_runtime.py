@@ -40,6 +40,7 @@ from pathlib import Path
 
 from bench_sqlite import STATE
 from benchlib import Row, Section, Settings, quiet_logs, throughput
+
 from threadloom import (
     Checkpoint,
     Checkpointer,
@@ -205,7 +206,8 @@ def _throughput_rows(settings: Settings, runs: int) -> list[Row]:
                 f"runtime: {runs} runs of a one-node loop on one GraphRuntime, each superstep one fenced commit "
                 f"of a checkpoint ({len(json.dumps(STATE)):,} B of JSON state, the runtime's metadata) + 1 event; "
                 f"baseline: the same commits from {runs} threads straight to the store (the same contention). "
-                f"Best of {ROUNDS} alternating rounds, {seconds:g} s each after a {min(WARMUP_S, seconds):g} s warm-up; "
+                f"Best of {ROUNDS} alternating rounds, {seconds:g} s each after a "
+                f"{min(WARMUP_S, seconds):g} s warm-up; "
                 "runtime logs at WARNING."
             )
         rows.append(

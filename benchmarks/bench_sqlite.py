@@ -12,10 +12,11 @@ and on one of 10,000 (2,000 with ``--quick``); the goal is a flat ratio: reads a
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from benchlib import Row, Section, SectionUnavailable, Settings, paired_median_us, throughput
@@ -29,7 +30,7 @@ from threadloom import (
     PendingWrite,
 )
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 STATE = {
     "messages": [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}: " + "lorem ipsum dolor " * 4}
@@ -127,7 +128,9 @@ def _commit_rates(settings: Settings, writers: int, journal: str, synchronous: s
                     rate = throughput(writers, settings.seconds, lambda i, store=store: committer(store, f"writer-{i}"))
             else:
                 raw_writer(path, journal, synchronous)  # creates the table before the writers race
-                rate = throughput(writers, settings.seconds, lambda _i, path=path: raw_writer(path, journal, synchronous))
+                rate = throughput(
+                    writers, settings.seconds, lambda _i, path=path: raw_writer(path, journal, synchronous)
+                )
             best[side] = max(best[side], rate)
     return best["ours"], best["raw"]
 
@@ -149,8 +152,8 @@ def _commit_rows(settings: Settings, journal: str, synchronous: str) -> list[Row
                 note=(
                     f"sqlite commits: a checkpoint with {len(RAW_ROW):,} B of JSON state + 1 pending write + 1 event, "
                     f"fenced; raw: one {len(RAW_ROW):,} B row per INSERT. Both journal_mode={journal}, "
-                    f"synchronous={synchronous}, under {settings.workdir.parent.parent}. 8 writers: 8 threads on one store "
-                    "(raw: 8 connections)."
+                    f"synchronous={synchronous}, under {settings.workdir.parent.parent}. 8 writers: 8 threads on one "
+                    "store (raw: 8 connections)."
                 ),
             )
         )
@@ -171,7 +174,10 @@ def _latency_rows(settings: Settings) -> list[Row]:
             ("history(limit=100)", lambda t: store.history(t, limit=100)),
         ):
             short, long = paired_median_us(
-                lambda: read("short"), lambda: read("long"), samples, budget_s=2 * settings.seconds
+                functools.partial(read, "short"),
+                functools.partial(read, "long"),
+                samples,
+                budget_s=2 * settings.seconds,
             )
             rows.append(
                 Row(

@@ -32,7 +32,7 @@ class _StderrHandler(logging.StreamHandler):
         self.set_name(_HANDLER_NAME)
         self._secrets = tuple(secrets)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

@@ -153,7 +153,7 @@ class ThreadloomGroup(click.Group):
         finally:
             _LISTING.reset(token)
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,

@@ -171,7 +171,7 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILED, kind: str = "CommandError") -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click types it a ClassVar, reads it off the instance
         self.kind = kind
 
 

@@ -105,10 +105,11 @@ def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], l
             json_cell(s.metadata) if s.metadata else Text(""),
         )
     state.out.print(table)
-    state.out.print(Text(f"{len(items)} thread(s)" + (" — more follow: add --all-pages" if page.next else ""), style="dim"))
+    more = " — more follow: add --all-pages" if page.next else ""
+    state.out.print(Text(f"{len(items)} thread(s){more}", style="dim"))
 
 
-# -- show ----------------------------------------------------------------------------------------------------------------
+# -- show --------------------------------------------------------------------------------------------------------------
 
 
 def _find_in_registry(store: Checkpointer, cp: Checkpoint) -> ThreadSummary | None:
@@ -203,7 +204,7 @@ def show(ctx: click.Context, thread: str) -> None:
         state.out.print(cell(note, style="dim"))
 
 
-# -- history -------------------------------------------------------------------------------------------------------------
+# -- history -----------------------------------------------------------------------------------------------------------
 
 
 def _history(store: Checkpointer, thread: str, limit: int, before: str | None) -> list[Checkpoint]:
@@ -233,7 +234,9 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
     if state.json_output:
         state.emit({"thread_id": thread, "checkpoints": [checkpoint_json(cp) for cp in items]})
         return
-    table = new_table(f"history of {thread!r}, newest first", "checkpoint", "parent", "status", "run", "token", "created at")
+    table = new_table(
+        f"history of {thread!r}, newest first", "checkpoint", "parent", "status", "run", "token", "created at"
+    )
     for cp in items:
         table.add_row(
             cell(cp.id), cell(cp.parent), cell(cp.status.value), cell(cp.run_id), cell(cp.fencing_token),
@@ -242,7 +245,7 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
     state.out.print(table)
 
 
-# -- events --------------------------------------------------------------------------------------------------------------
+# -- events ------------------------------------------------------------------------------------------------------------
 
 
 def _earliest_after(store: Checkpointer, thread: str) -> int:
@@ -386,7 +389,9 @@ def _print_events(
         last = items[-1].seq if items else after
         state.emit({"thread_id": thread, "events": [event_json(ev) for ev in items], "last_seq": last})
         return
-    table = new_table(f"events of {thread!r} after {after}", "seq", "type", "run", "token", "node", "timestamp", "payload")
+    table = new_table(
+        f"events of {thread!r} after {after}", "seq", "type", "run", "token", "node", "timestamp", "payload"
+    )
     for ev in items:
         table.add_row(
             cell(ev.seq), cell(ev.type), cell(ev.run_id), cell(ev.token), cell(ev.node_id),

@@ -77,7 +77,8 @@ def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bo
             yield result if keep_trace else _slim(result)
         return
     batches = [list(seeds[index : index + BATCH]) for index in range(0, len(seeds), BATCH)]
-    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
     try:
         futures = [pool.submit(_batch, config, batch, list(sys.path), keep_trace) for batch in batches]
@@ -97,15 +98,55 @@ def run_seeds(config: SimConfig, seeds: Sequence[int], jobs: int, keep_trace: bo
 
 
 @click.command()
-@click.option("--seeds", "count", type=click.IntRange(1, 1_000_000), default=None, help="How many seeds (default 100; 1 with --seed).")
-@click.option("--seed", "first", type=click.IntRange(min=0), default=None, help="The first seed (default 0); alone, runs just this seed and prints its trace.")
-@click.option("--store", "store_kind", type=click.Choice(STORES), default="memory", show_default=True, help="The store the nodes share (sqlite: a temporary file per seed).")
-@click.option("--faults", default="all", show_default=True, metavar="KINDS", help=f"Fault kinds seeds may suffer: all, none, or a comma list of {', '.join(FAULT_KINDS)}.")
-@click.option("--graph", default=None, metavar="MODULE:ATTR", help="Run your Graph (importable from the current directory) instead of the built-in workload graph.")
+@click.option(
+    "--seeds",
+    "count",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="How many seeds (default 100; 1 with --seed).",
+)
+@click.option(
+    "--seed",
+    "first",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The first seed (default 0); alone, runs just this seed and prints its trace.",
+)
+@click.option(
+    "--store",
+    "store_kind",
+    type=click.Choice(STORES),
+    default="memory",
+    show_default=True,
+    help="The store the nodes share (sqlite: a temporary file per seed).",
+)
+@click.option(
+    "--faults",
+    default="all",
+    show_default=True,
+    metavar="KINDS",
+    help=f"Fault kinds seeds may suffer: all, none, or a comma list of {', '.join(FAULT_KINDS)}.",
+)
+@click.option(
+    "--graph",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="Run your Graph (importable from the current directory) instead of the built-in workload graph.",
+)
 @click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
-@click.option("--regressions", is_flag=True, help="Replay the kept regression seeds instead (each must give its recorded verdict).")
+@click.option(
+    "--regressions",
+    is_flag=True,
+    help="Replay the kept regression seeds instead (each must give its recorded verdict).",
+)
 @click.option("--trace", "show_trace", is_flag=True, help="Print the trace of every seed run (long).")
-@click.option("--plant", multiple=True, hidden=True, type=click.Choice(PLANTED_BUGS), help="Test only: plant a bug in the memory store.")
+@click.option(
+    "--plant",
+    multiple=True,
+    hidden=True,
+    type=click.Choice(PLANTED_BUGS),
+    help="Test only: plant a bug in the memory store.",
+)
 @click.pass_context
 def simulate_command(
     ctx: click.Context,

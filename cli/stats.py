@@ -1,7 +1,8 @@
 """``threadloom stats``: read-only probes of a store through a ``MeteredCheckpointer``, and their metrics.
 
-The command wraps the store named by ``--store`` in a :class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer`
-with an :class:`~threadloom.persistence.metrics.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
+The command wraps the store named by ``--store`` in a
+:class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer` with an
+:class:`~threadloom.persistence.metrics.meter.InMemoryMeter`, runs a few rounds of read-only calls (the registry,
 incomplete threads, and for a few threads their latest checkpoint, history, events, children and run lookup),
 and prints what the meter recorded: calls, errors and latency per store method. Nothing is written, claimed or
 swept. It is a quick health and latency check of a store URL from a terminal (README: "The `threadloom`

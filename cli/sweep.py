@@ -52,9 +52,13 @@ def _td_json(value: timedelta | None) -> float | None:
 
 
 @click.command()
-@click.option("--max-age", type=DURATION, default=None, help="Remove checkpoints and events at least this old (30s, 2h, 7d).")
+@click.option(
+    "--max-age", type=DURATION, default=None, help="Remove checkpoints and events at least this old (30s, 2h, 7d)."
+)
 @click.option("--max-checkpoints", type=click.IntRange(min=1), default=None, help="Keep at most this many per thread.")
-@click.option("--max-events", type=click.IntRange(min=0), default=None, help="Keep at most this many events per thread.")
+@click.option(
+    "--max-events", type=click.IntRange(min=0), default=None, help="Keep at most this many events per thread."
+)
 @click.option("--tombstone-age", type=DURATION, default=None, help="Reclaim delete tombstones older than this.")
 @click.option("--batch-size", type=click.IntRange(1, 10_000), default=100, show_default=True, help="Threads per page.")
 @click.pass_context
@@ -83,7 +87,9 @@ def sweep(
         SpinnerColumn(),
         TextColumn("sweeping"),
         BarColumn(),
-        TextColumn("{task.fields[visited]} visited · {task.fields[pruned]} pruned · {task.fields[reclaimed]} reclaimed"),
+        TextColumn(
+            "{task.fields[visited]} visited · {task.fields[pruned]} pruned · {task.fields[reclaimed]} reclaimed"
+        ),
         TimeElapsedColumn(),
         console=state.err,
         transient=True,

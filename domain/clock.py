@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from threadloom.domain.validation import check_aware
 
-
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """Where stored times count from: stores keep times as integer microseconds since this instant (UTC)."""
 
 
@@ -51,7 +50,7 @@ class ManualClock:
     """
 
     def __init__(self, start: datetime) -> None:
-        self._now = check_aware("start", start).astimezone(timezone.utc)
+        self._now = check_aware("start", start).astimezone(UTC)
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
@@ -71,7 +70,7 @@ class ManualClock:
 
     def set(self, when: datetime) -> None:
         """Sets the clock to ``when`` (aware; forward or back)."""
-        value = check_aware("when", when).astimezone(timezone.utc)
+        value = check_aware("when", when).astimezone(UTC)
         with self._lock:
             self._now = value
 

@@ -199,12 +199,11 @@ def _refuse(value: Any) -> Any:
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_refuse)
 _DECODER = json.JSONDecoder()
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; not in the type stubs
 _C_ENCODER = (
     None
-    if json.encoder.c_make_encoder is None
-    else json.encoder.c_make_encoder(
-        None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False
-    )
+    if _C_MAKE_ENCODER is None
+    else _C_MAKE_ENCODER(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 )
 """The C encoder of :data:`_ENCODER`, built once: the same output, without the setup of every ``encode`` call
 (no circular-reference markers: a cycle ends in ``RecursionError``, which is refused like any bad value)."""
@@ -221,7 +220,7 @@ def dumps_compact(value: Any) -> str:
 
 def loads_own(text: str) -> Any:
     """The JSON value of text this package encoded (no surrounding white space to skip)."""
-    return _DECODER.scan_once(text, 0)[0]
+    return _DECODER.scan_once(text, 0)[0]  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
 _INT_LIMIT = 10**MAX_JSON_INT_DIGITS
 
 

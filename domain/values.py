@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, TypeVar
 
-_T = TypeVar("_T")
-
 import attrs
 
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
+
+_T = TypeVar("_T")
 
 
 def _id(field: str):
@@ -332,11 +332,16 @@ class Commit:
 
     token: int = attrs.field(validator=_token)
     checkpoint: Checkpoint | None = attrs.field(default=None, validator=_optional(Checkpoint, "commit.checkpoint"))
+    # The attrs mypy plugin takes no converter built by a call (it types the argument as Any, as it would anyway).
     pending_writes: tuple[PendingWrite, ...] = attrs.field(
-        default=(), converter=_tuple_of(PendingWrite, "commit.pending_writes")
+        default=(), converter=_tuple_of(PendingWrite, "commit.pending_writes")  # type: ignore[misc]
     )
-    events: tuple[EventDraft, ...] = attrs.field(default=(), converter=_tuple_of(EventDraft, "commit.events"))
-    effects: tuple[EffectRecord, ...] = attrs.field(default=(), converter=_tuple_of(EffectRecord, "commit.effects"))
+    events: tuple[EventDraft, ...] = attrs.field(
+        default=(), converter=_tuple_of(EventDraft, "commit.events")  # type: ignore[misc]
+    )
+    effects: tuple[EffectRecord, ...] = attrs.field(
+        default=(), converter=_tuple_of(EffectRecord, "commit.effects")  # type: ignore[misc]
+    )
     retract_turn: bool = attrs.field(
         default=False, validator=lambda _i, _a, value: _check_bool("commit.retract_turn", value)
     )
@@ -393,7 +398,7 @@ class BusyHolder:
     ``LAPSED`` (the runtime's: a claim that lapsed while a run still thinks it holds it).
     """
 
-    Run: ClassVar[type]
+    Run: ClassVar[type[_Run]]
     UNNAMED: ClassVar[BusyHolder]
     LAPSED: ClassVar[BusyHolder]
 

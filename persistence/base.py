@@ -22,7 +22,6 @@ import attrs
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
-from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -39,6 +38,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
+from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.persistence.queue import RunQueue
 
 
@@ -49,13 +49,17 @@ def _instance(field: str, value: Any, kind: type) -> Any:
 
 
 def _check_cancel(cancel: Any) -> threading.Event | None:
-    if cancel is not None and not (callable(getattr(cancel, "is_set", None)) and callable(getattr(cancel, "wait", None))):
+    if cancel is not None and not (
+        callable(getattr(cancel, "is_set", None)) and callable(getattr(cancel, "wait", None))
+    ):
         raise ValidationError("cancel", ("must be a threading.Event or None",))
     return cancel
 
 
 def check_commit(thread_id: str, commit: Any) -> EncodedCommit:
-    """Validates ``commit`` for ``thread_id`` and encodes it, once (:func:`~threadloom.persistence.encoded.encode_commit`).
+    """Validates ``commit`` for ``thread_id`` and encodes it, once.
+
+    The encoding is :func:`~threadloom.persistence.encoded.encode_commit`'s.
 
     Raises:
         ValidationError: not a ``Commit``; its checkpoint names another thread or carries another token; its
@@ -604,4 +608,6 @@ def ask_guard(guard: SweepGuard | None, thread_ids: tuple[str, ...]) -> Mapping[
     except ThreadloomError:
         raise
     except Exception as error:  # the guard is user code: anything it raises ends the sweep, nothing changed
-        raise ProcessingError("sweep", f"the sweep guard failed ({type(error).__name__}: {error}); nothing changed") from error
+        raise ProcessingError(
+            "sweep", f"the sweep guard failed ({type(error).__name__}: {error}); nothing changed"
+        ) from error

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 class SystemClock:
@@ -10,7 +10,7 @@ class SystemClock:
 
     def now(self) -> datetime:
         """The current time, aware UTC."""
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -32,4 +32,4 @@ def read_clock(clock: object) -> datetime:
     now = clock.now()  # type: ignore[attr-defined]
     if not isinstance(now, datetime) or now.tzinfo is None or now.utcoffset() is None:
         raise ProcessingError("clock", f"the store's clock returned {now!r}, not a timezone-aware datetime")
-    return now.astimezone(timezone.utc)
+    return now.astimezone(UTC)

@@ -9,27 +9,26 @@ text without validating it again (:func:`~threadloom.domain.values.trusted`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Literal
 
 import attrs
-from datetime import datetime, timedelta, timezone
-from collections.abc import Callable, Iterable
-from typing import Any
 
 from threadloom.domain import validation as v
+from threadloom.domain.clock import from_micros, to_micros  # one definition (re-exported)
 from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.domain.queue import EntryStatus, QueueEntry
-from threadloom.persistence import encoded
 from threadloom.domain.values import (
-    trusted,
     Checkpoint,
     CheckpointOrigin,
     CheckpointStatus,
     EffectRecord,
     EventRecord,
     PendingWrite,
+    trusted,
 )
-
-from threadloom.domain.clock import EPOCH, duration_micros, from_micros, to_micros  # one definition (re-exported)
+from threadloom.persistence import encoded
 
 
 def dumps(value: Any) -> str:
@@ -240,7 +239,7 @@ class _decoding:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, error: Any, _tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, _tb: Any) -> Literal[False]:
         if error is None:
             return False
         if isinstance(error, (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)):

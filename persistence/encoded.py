@@ -22,10 +22,19 @@ from typing import Any
 import attrs
 
 from threadloom.domain import validation as v
-from threadloom.domain.validation import dumps_compact
 from threadloom.domain.clock import to_micros
 from threadloom.domain.errors import ValidationError
-from threadloom.domain.values import _COMMIT_GETTER, trusted, Checkpoint, Commit, EffectRecord, EventDraft, EventRecord, PendingWrite
+from threadloom.domain.validation import dumps_compact
+from threadloom.domain.values import (
+    _COMMIT_GETTER,
+    Checkpoint,
+    Commit,
+    EffectRecord,
+    EventDraft,
+    EventRecord,
+    PendingWrite,
+    trusted,
+)
 
 _quote = json.encoder.encode_basestring  # the C string encoder (ensure_ascii=False): quotes and escapes a str
 

@@ -22,6 +22,7 @@ The oracle reads the real store directly (never through a node) to check what a 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from datetime import datetime, timedelta
@@ -227,8 +228,10 @@ class Oracle:
         self._fenced(st, thread_id, "commit", commit.token)
         self._check_fence(thread_id, "commit", commit.fence)
         if len(records) != len(commit.events):
-            self.fail("commits apply whole", f"{thread_id}: {len(commit.events)} events committed, {len(records)} numbered")
-        for record, draft in zip(records, commit.events):
+            self.fail(
+                "commits apply whole", f"{thread_id}: {len(commit.events)} events committed, {len(records)} numbered"
+            )
+        for record, draft in zip(records, commit.events, strict=False):  # a length mismatch is reported above
             if (record.run_id, record.type, record.checkpoint_id, _json(record.payload)) != (
                 draft.run_id, draft.type, draft.checkpoint_id, _json(draft.payload)
             ):
@@ -455,7 +458,7 @@ class Oracle:
                 events = self.inner.events_after(thread_id, 0, 1000)
             except ThreadloomError:
                 continue
-            for before, after in zip(events, events[1:]):
+            for before, after in itertools.pairwise(events):
                 if after.seq != before.seq + 1:
                     self.fail("gap-free event log", f"{thread_id}: the log jumps from {before.seq} to {after.seq}")
             for event in events:

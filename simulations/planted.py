@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import StaleClaim, ValidationError
-from threadloom.domain.values import Commit
-from threadloom.persistence import codec
 from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 

@@ -13,6 +13,7 @@ Run from Python with :func:`simulate_seed`, or from the command line with ``thre
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import logging
@@ -27,10 +28,12 @@ from typing import Any
 
 import attrs
 import structlog
+
 from threadloom.actors.graph import Graph, NodeContext, Step
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import SequentialIds
+from threadloom.actors.thread_actor import RunHandle
 from threadloom.domain.errors import ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
@@ -191,16 +194,16 @@ def _observer(world: World, oracle: Oracle) -> Callable[[Graph], Graph]:
         def node(state: Any, ctx: NodeContext) -> Step:
             real_effect, real_spawn = ctx.effect, ctx.spawn
 
-            def effect(key: str, run: Callable[[], Any]) -> Any:
+            def effect(key: str, fn: Callable[[], Any]) -> Any:
                 def observed() -> Any:
                     who = world.current.node.name if world.current is not None else "?"
                     oracle.effect_ran(who, ctx.thread_id, key, ctx.run_id)
-                    return run()
+                    return fn()
 
                 return real_effect(key, observed)
 
-            def spawn(thread_id: str, child: Graph, input: Any = None) -> Any:  # noqa: A002
-                return real_spawn(thread_id, observe(child) if isinstance(child, Graph) else child, input)
+            def spawn(thread_id: str, graph: Graph, input: Any = None) -> RunHandle:  # noqa: A002
+                return real_spawn(thread_id, observe(graph) if isinstance(graph, Graph) else graph, input)
 
             ctx.effect = effect  # type: ignore[method-assign]
             ctx.spawn = spawn  # type: ignore[method-assign]
@@ -365,23 +368,23 @@ class _Seed:
 
     def plan(self) -> None:
         """Schedules the workload and the faults (all chosen by the seed)."""
-        world, rng = self.world, self.world.rng
+        rng = self.world.rng
         heal = HEAL_AT
         for index in range(rng.randrange(3, 9)):
             thread = rng.choice(self.threads)
             child = self.config.graph is None and rng.random() < 0.3
-            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread, n=index, c=child: self.enqueue(t, n, c))
+            self.at(rng.uniform(0, 0.8) * heal, functools.partial(self.enqueue, thread, index, child))
         for index in range(rng.randrange(0, 3)):
             thread = rng.choice(self.threads)
-            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread, n=100 + index: self.direct_start(t, n))
+            self.at(rng.uniform(0, 0.8) * heal, functools.partial(self.direct_start, thread, 100 + index))
         for _ in range(rng.randrange(0, 3)):
             thread = rng.choice(self.threads)
             when = rng.uniform(0.1, 0.7) * heal
-            self.at(when, lambda t=thread: self.delete(t))
-            self.at(when + timedelta(seconds=rng.uniform(0.2, 2)), lambda t=thread, n=200: self.enqueue(t, n, False))
+            self.at(when, functools.partial(self.delete, thread))
+            self.at(when + timedelta(seconds=rng.uniform(0.2, 2)), functools.partial(self.enqueue, thread, 200, False))
         for _ in range(rng.randrange(0, 3)):
             thread = rng.choice(self.threads)
-            self.at(rng.uniform(0, 0.8) * heal, lambda t=thread: self.subscribe(t))
+            self.at(rng.uniform(0, 0.8) * heal, functools.partial(self.subscribe, thread))
         if "crash" in self.kinds:
             for _ in range(rng.randrange(1, 3)):
                 self.at(rng.uniform(0.05, 0.8) * heal, self.crash)

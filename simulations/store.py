@@ -88,7 +88,8 @@ class SimStore(ForwardingCheckpointer):
         world, faults = self.world, self.faults
         if faults.active and faults.slow and world.rng.random() < faults.slow:
             self.oracle.probe("slow_call")
-            return timedelta(microseconds=world.rng.randrange(1, max(2, int(faults.slow_for / timedelta(microseconds=1)))))
+            slow_for_us = int(faults.slow_for / timedelta(microseconds=1))
+            return timedelta(microseconds=world.rng.randrange(1, max(2, slow_for_us)))
         return timedelta(milliseconds=world.rng.choice((0, 0, 1, 2)))
 
     def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:

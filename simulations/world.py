@@ -26,15 +26,16 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import greenlet
 import pykka
 from pykka import messages as pykka_messages
+
 from threadloom.actors.scheduler import Scheduler
 
-EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 """Where every simulation's virtual clock starts."""
 
 _A = TypeVar("_A")
@@ -278,7 +279,7 @@ class World:
                 if timer.when <= now and not timer.cancelled and (timer.node is None or timer.node.runnable)
             ]
             if ready or due:
-                choice = rng.choice(ready + due) if len(ready) + len(due) > 1 else (ready or due)[0]
+                choice = rng.choice([*ready, *due]) if len(ready) + len(due) > 1 else (ready or due)[0]
                 if isinstance(choice, _Timer):
                     choice.cancelled = True
                     self._timers.remove(choice)
@@ -454,7 +455,7 @@ class SimScheduler(Scheduler):
         if found is None:
             found = type(f"Sim{cls.__name__}", (SimActor, cls), {"_sim_node": self.node})
             self._actor_classes[cls] = found
-        return found  # type: ignore[return-value]
+        return found
 
     def close(self, timeout: timedelta) -> list[str]:
         """Cancels the node's timers and waits for its tasks (each within ``timeout`` of virtual time)."""

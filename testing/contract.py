@@ -19,10 +19,11 @@ exact instant (a claim at exactly its ``expires_at``) run only on a store that t
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import attrs
 import pytest
@@ -33,9 +34,9 @@ from threadloom.domain.errors import (
     CheckpointNotFound,
     InvalidCommit,
     ProcessingError,
-    StoreClosed,
     ReplayUnavailable,
     StaleClaim,
+    StoreClosed,
     ThreadBusy,
     ThreadDeleted,
     ThreadloomError,
@@ -79,6 +80,8 @@ WAIT = timedelta(seconds=10)
 RESULT_TIMEOUT_S = 30.0
 """Longest a test waits for a worker thread's result before failing (a hang guard, not a speed assertion)."""
 
+_T = TypeVar("_T")
+
 METHODS = OPERATIONS
 """Every public method of a store but ``close``."""
 
@@ -104,6 +107,12 @@ def expect(error_type: type[ThreadloomError], call: Callable[[], Any], **fields:
     return error
 
 
+def present(value: _T | None) -> _T:
+    """``value``, asserted not to be None: a read the test expects to find something."""
+    assert value is not None
+    return value
+
+
 def outcome(call: Callable[[], Any]) -> Any:
     """The value ``call`` returns, or its threadloom error as ``(class name, fields)``, for comparisons."""
     try:
@@ -112,7 +121,7 @@ def outcome(call: Callable[[], Any]) -> Any:
         return (
             "error",
             type(error).__name__,
-            attrs.asdict(error, recurse=False) if attrs.has(type(error)) else str(error),
+            attrs.asdict(cast(attrs.AttrsInstance, error), recurse=False) if attrs.has(type(error)) else str(error),
         )
 
 
@@ -546,7 +555,7 @@ class CheckpointerContract:
         if harness.reopenable:
             store = harness.reopen(store)
             claim(store, "g")  # after a restart
-        assert all(later > earlier for earlier, later in zip(tokens, tokens[1:])), tokens
+        assert all(later > earlier for earlier, later in itertools.pairwise(tokens)), tokens
 
     # -- concurrency (rules 1-4; "several stores over one storage behave as one") ------------------------------------
 
@@ -697,7 +706,7 @@ class CheckpointerContract:
             "t", Commit(token=writer.token, checkpoint=cp, pending_writes=pending, events=drafts, effects=[effect])
         )
         assert seqs(records) == [1, 2, 3]
-        for record, draft in zip(records, drafts):
+        for record, draft in zip(records, drafts, strict=True):
             assert record == EventRecord.of(draft, thread_id="t", seq=record.seq, token=writer.token)
         assert store.events_after("t", 0, 100) == records
         stored = store.latest("t")
@@ -713,8 +722,8 @@ class CheckpointerContract:
         writer.step("c1")
         explicit = writer.checkpoint("c2")
         writer.commit(checkpoint=attrs.evolve(explicit, fencing_token=writer.token))
-        assert store.checkpoint("t", "c1").fencing_token == writer.token
-        assert store.latest("t").checkpoint.fencing_token == writer.token
+        assert present(store.checkpoint("t", "c1")).fencing_token == writer.token
+        assert present(store.latest("t")).checkpoint.fencing_token == writer.token
 
     def test_empty_commit_changes_nothing(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")
@@ -748,7 +757,7 @@ class CheckpointerContract:
         fence = store.claim("f", ClaimRequest(holder="run-f", ttl=harness.tick * LIVE))
         stale_own, stale_fence = first.token, fence_first.token
         now = harness.clock.now()
-        extras = dict(
+        extras: dict[str, Any] = dict(
             events=[EventDraft(run_id="run-1", type="x", timestamp=now)],
             effects=[EffectRecord(key="k-new", run_id="run-1", recorded_at=now, result="no")],
             metadata={"must": "not-land"},
@@ -862,7 +871,7 @@ class CheckpointerContract:
             ),
         )
         assert seqs(records) == [1]
-        assert store.latest("child").checkpoint.id == "c1"
+        assert present(store.latest("child")).checkpoint.id == "c1"
         parent.release()
         expect(
             StaleClaim,
@@ -881,12 +890,12 @@ class CheckpointerContract:
         w3 = PendingWrite(checkpoint_id="c1", task_id="t3", node_id="n3", payload=None)
         writer.step("c1", pending=[w1])
         writer.commit(pending_writes=[w2, w3])
-        assert store.latest("t").pending_writes == (w1, w2, w3)
+        assert present(store.latest("t")).pending_writes == (w1, w2, w3)
         w4 = PendingWrite(checkpoint_id="c2", task_id="t4", node_id="n4", payload={"x": 4})
         writer.step("c2", pending=[w4])
-        assert store.latest("t").pending_writes == (w4,)
+        assert present(store.latest("t")).pending_writes == (w4,)
         writer.step("c3")
-        assert store.latest("t").pending_writes == ()
+        assert present(store.latest("t")).pending_writes == ()
 
     def test_pending_write_on_a_thread_without_checkpoint_is_invalid(
         self, harness: StoreHarness, store: Checkpointer
@@ -934,7 +943,7 @@ class CheckpointerContract:
         assert seqs(records) == [1]
         assert ids_of(store.history("t", limit=10)) == ["c4", "c1"]
         assert store.checkpoint("t", "c2") is None and store.checkpoint("t", "c3") is None
-        assert store.latest("t").pending_writes == (w4,)
+        assert present(store.latest("t")).pending_writes == (w4,)
         assert store.lookup_run("t", ["run-b"]) is None
         # When the latest is settled nothing is cut.
         writer.latest = "c4"
@@ -971,7 +980,7 @@ class CheckpointerContract:
         )
         writer.commit(effects=[EffectRecord(key="k1", run_id="run-9", recorded_at=now, result="again")])
         assert store.effect("t", "k1") == first
-        assert store.effect("t", "k2").result is None
+        assert present(store.effect("t", "k2")).result is None
         assert store.effect("t", "missing") is None
         assert store.effect("unknown", "k1") is None
 
@@ -1015,7 +1024,7 @@ class CheckpointerContract:
         assert store.history("t", limit=3, before="c1") == []
         assert ids_of(store.history("t", limit=1000)) == [f"c{i}" for i in range(7, 0, -1)]
         full = store.history("t", limit=1000)
-        assert full[0] == store.latest("t").checkpoint
+        assert full[0] == present(store.latest("t")).checkpoint
         assert all(cp.fencing_token == writer.token and cp.thread_id == "t" for cp in full)
         assert full[-1].created_at == base - timedelta(days=1)
         expect(
@@ -1038,11 +1047,11 @@ class CheckpointerContract:
         assert store.latest("t") is None  # a claim alone is no checkpoint
         writer.step("c1")
         writer.step("c2")
-        assert store.checkpoint("t", "c1").id == "c1"
-        assert store.checkpoint("t", "c2") == store.latest("t").checkpoint
+        assert present(store.checkpoint("t", "c1")).id == "c1"
+        assert store.checkpoint("t", "c2") == present(store.latest("t")).checkpoint
         assert store.checkpoint("t", "c3") is None
         assert store.checkpoint("other", "c1") is None
-        assert store.latest("t").checkpoint.parent == "c1"
+        assert present(store.latest("t")).checkpoint.parent == "c1"
 
     # -- children (seeds 000 children) -------------------------------------------------------------------------------
 
@@ -1326,17 +1335,17 @@ class CheckpointerContract:
         base = harness.clock.now()
         for index, run in enumerate(["run-a", "run-b", "run-a", "run-c"], start=1):
             writer.step(f"c{index}", run_id=run, created_at=base - timedelta(days=index))  # created_at runs back
-        assert store.lookup_run("t", ["run-a"]).id == "c3"
-        assert store.lookup_run("t", ("run-a", "run-b")).id == "c3"
-        assert store.lookup_run("t", {"run-b"}).id == "c2"
-        assert store.lookup_run("t", frozenset({"run-c", "run-a"})).id == "c4"
+        assert present(store.lookup_run("t", ["run-a"])).id == "c3"
+        assert present(store.lookup_run("t", ("run-a", "run-b"))).id == "c3"
+        assert present(store.lookup_run("t", {"run-b"})).id == "c2"
+        assert present(store.lookup_run("t", frozenset({"run-c", "run-a"}))).id == "c4"
         assert store.lookup_run("t", ["run-z"]) is None
         assert store.lookup_run("t", []) is None
         assert store.lookup_run("unknown", ["run-a"]) is None
         assert store.lookup_run("t", ["run-a"]) == store.checkpoint("t", "c3")
         store.prune("t", RetentionPolicy(max_checkpoints=1))
         assert store.lookup_run("t", ["run-a", "run-b"]) is None
-        assert store.lookup_run("t", ["run-c"]).id == "c4"
+        assert present(store.lookup_run("t", ["run-c"])).id == "c4"
 
     # -- prune (seeds 000 prune; rule 7) ---------------------------------------------------------------------------
 
@@ -1350,7 +1359,7 @@ class CheckpointerContract:
         writer.release()  # prune needs no claim
         store.prune("t", RetentionPolicy(max_checkpoints=2))
         assert ids_of(store.history("t", limit=10)) == ["c5", "c4"]
-        assert len(store.latest("t").pending_writes) == 1
+        assert len(present(store.latest("t")).pending_writes) == 1
         assert seqs(store.events_after("t", 6, 100)) == [7, 8, 9, 10]
         expect(ReplayUnavailable, lambda: store.events_after("t", 5, 10), thread_id="t", earliest_seq=7)
         expect(ReplayUnavailable, lambda: store.events_after("t", 0, 10), earliest_seq=7)
@@ -1385,7 +1394,7 @@ class CheckpointerContract:
         harness.advance(harness.tick * PAST_SHORT)
         store.prune("t", RetentionPolicy(max_age=harness.tick))
         assert ids_of(store.history("t", limit=10)) == ["c2"]
-        assert len(store.latest("t").pending_writes) == 1
+        assert len(present(store.latest("t")).pending_writes) == 1
         assert store.events_after("t", 3, 10) == []
         expect(ReplayUnavailable, lambda: store.events_after("t", 0, 10), earliest_seq=4)
         assert seqs(writer.emit(1)) == [4]
@@ -1480,7 +1489,7 @@ class CheckpointerContract:
         # The floor follows the policy alone: the events before the newest kept by policy go.
         expect(ReplayUnavailable, lambda: store.events_after("g", 1, 10), earliest_seq=4)
         assert seqs(store.events_after("g", 3, 10)) == [4]
-        assert store.lookup_run("g", ["run-b"]).id == "g2"
+        assert present(store.lookup_run("g", ["run-b"])).id == "g2"
         assert store.lookup_run("g", ["run-a"]) is None
 
     @pytest.mark.parametrize(
@@ -1540,7 +1549,7 @@ class CheckpointerContract:
         harness.advance(harness.tick * PAST_SHORT)
         policy = SweepPolicy(tombstone_age=harness.tick)
         assert reclaimed(sweep_all(store, policy, RecordingGuard({"p": set()}))) == set()
-        assert store.latest("q").checkpoint.id == "q1"
+        assert present(store.latest("q")).checkpoint.id == "q1"
         assert reclaimed(sweep_all(store, policy)) == {"p"}
 
     def test_reclamation_mark_numbers_new_threads_past_the_reclaimed_log(
@@ -1758,7 +1767,7 @@ class CheckpointerContract:
 
     def test_nothing_returned_aliases_stored_state(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t", tenant="acme")
-        state = {"items": [1, 2], "nested": {"k": "v"}}
+        state: dict[str, Any] = {"items": [1, 2], "nested": {"k": "v"}}
         payload = {"p": [1]}
         cp = writer.checkpoint("c1", state=state)
         draft = EventDraft(run_id="run-1", type="e", timestamp=harness.clock.now(), payload=payload)
@@ -1782,22 +1791,22 @@ class CheckpointerContract:
         effect.result["r"].append(2)
         write.payload["w"].append(2)
         records[0].payload["p"].append(3)
-        stored = store.latest("t")
+        stored = present(store.latest("t"))
         stored.checkpoint.state["items"].append(4)
         stored.checkpoint.state["nested"]["k"] = "changed"
         stored.pending_writes[0].payload["w"].append(3)
         store.history("t", limit=1)[0].state["items"].append(5)
-        store.checkpoint("t", "c1").state["items"].append(6)
-        store.lookup_run("t", ["run-1"]).state["items"].append(7)
+        present(store.checkpoint("t", "c1")).state["items"].append(6)
+        present(store.lookup_run("t", ["run-1"])).state["items"].append(7)
         store.events_after("t", 0, 10)[0].payload["p"].append(4)
-        store.effect("t", "k1").result["r"].append(3)
+        present(store.effect("t", "k1")).result["r"].append(3)
         store.threads(ThreadQuery(tenant_id="acme")).items[0].metadata["m"] = "changed"
         # Every read still sees what was committed.
-        fresh = store.latest("t")
+        fresh = present(store.latest("t"))
         assert fresh.checkpoint.state == {"items": [1, 2], "nested": {"k": "v"}}
         assert fresh.pending_writes[0].payload == {"w": [1]}
         assert store.events_after("t", 0, 10)[0].payload == {"p": [1]}
-        assert store.effect("t", "k1").result == {"r": [1]}
+        assert present(store.effect("t", "k1")).result == {"r": [1]}
         assert store.threads(ThreadQuery(tenant_id="acme")).items[0].metadata == {"m": "1"}
         assert store.history("t", limit=1)[0].state["items"] == [1, 2]
 
@@ -1948,7 +1957,8 @@ def bad_input_cases(harness: StoreHarness, writer: Writer) -> list[tuple[str, Ca
         ("none", None),
         ("bytes", b"a"),
     ]
-    cases: list[tuple[str, Callable[[Checkpointer], Any], str]] = []
+    # The calls pass ill-typed values on purpose, so their store is typed Any (and lambdas bind loop values).
+    cases: list[tuple[str, Callable[..., Any], str]] = []
     for label, bad in bad_ids:
         cases += [
             (f"claim thread_id {label}", lambda s, b=bad: s.claim(b, req), "thread_id"),

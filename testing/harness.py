@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from threadloom.domain.clock import ManualClock
@@ -20,7 +20,7 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class StoreHarness(abc.ABC):
@@ -181,7 +181,7 @@ def wrapping_harness(
     def _wrap(self: Any, store: Checkpointer) -> Checkpointer:
         if any(wrapped is store for wrapped in self.wrapped_stores):
             return store
-        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores):
+        for inner, wrapped in zip(self.inner_stores, self.wrapped_stores, strict=True):
             if inner is store:
                 return wrapped
         wrapped = wrap(self, store)

@@ -67,7 +67,8 @@ def _password(dsn: str) -> str | None:
     try:
         from psycopg.conninfo import conninfo_to_dict
 
-        return conninfo_to_dict(dsn).get("password") or None
+        password = conninfo_to_dict(dsn).get("password")
+        return str(password) if password else None
     except Exception:
         return None
 
@@ -163,12 +164,12 @@ class StallingProxy:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         parts = conninfo_to_dict(dsn)
-        self._upstream = (parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432))
+        self._upstream = (str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432))
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.05)
         port = self._server.getsockname()[1]
         parts.update(host="127.0.0.1", port=str(port))
-        self.dsn = make_conninfo(**parts)
+        self.dsn = make_conninfo("", **parts)
         self._stalled = threading.Event()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []

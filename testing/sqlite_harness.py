@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-import sqlite3
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta

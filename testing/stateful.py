@@ -31,7 +31,7 @@ import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from hypothesis import event, settings
@@ -65,6 +65,9 @@ from threadloom.domain.values import (
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing.harness import START, AlternatingCheckpointer, StoreHarness
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = ["make_state_machine", "normalize"]
 
@@ -172,7 +175,7 @@ RETENTION = st.builds(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _index(size: int) -> st.SearchStrategy[int]:
     return st.integers(0, size - 1)
 
@@ -181,6 +184,11 @@ def pick(data: st.DataObject, items: Any, label: str) -> Any:
     """One of ``items`` (a sequence), drawn through a cached strategy."""
     items = list(items)
     return items[data.draw(_index(len(items)), label=label)]
+
+
+def _is_harness_class(subject: object) -> TypeIs[type[StoreHarness]]:
+    """True for a :class:`StoreHarness` subclass; False for a callable that builds a store."""
+    return isinstance(subject, type) and issubclass(subject, StoreHarness)
 
 
 def make_state_machine(
@@ -210,7 +218,7 @@ def make_state_machine(
         def __init__(self) -> None:
             super().__init__()
             self.harness: StoreHarness | None = None
-            if isinstance(subject, type) and issubclass(subject, StoreHarness):
+            if _is_harness_class(subject):
                 self.harness = subject()
                 if self.harness.database_clock:
                     raise ValueError(f"{subject.__name__} reads a database clock: it cannot share a ManualClock")

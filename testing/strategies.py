@@ -15,7 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import attrs
@@ -48,14 +48,14 @@ __all__ = [
     "TEXT_CHARACTERS",
 ]
 
-TEXT_CHARACTERS = st.characters(exclude_categories=("Cs",))
+TEXT_CHARACTERS = st.characters(exclude_categories=["Cs"])
 """Any code point but a surrogate: what a JSON string may hold (NUL included)."""
 
-ID_CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
+ID_CHARACTERS = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
 """What an id may hold: no surrogate, no NUL (DESIGN §2)."""
 
 TIMEZONES = (
-    timezone.utc,
+    UTC,
     timezone(timedelta(hours=2)),
     timezone(timedelta(hours=-5, minutes=-30)),
     timezone(timedelta(hours=14)),

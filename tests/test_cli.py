@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ from threadloom.cli.main import cli
 from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE, parse_duration
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 

@@ -325,7 +325,7 @@ def test_without_json_an_error_leaves_stdout_empty(db):
 )
 def test_a_command_never_creates_a_missing_sqlite_file(tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
-    for url, created in (("sqlite:///typo.db", tmp_path / "typo.db"), (url_of(tmp_path / "abs.db"), None)):
+    for url, _created in (("sqlite:///typo.db", tmp_path / "typo.db"), (url_of(tmp_path / "abs.db"), None)):
         result = run("--store", url, *command)
         assert result.exit_code == EXIT_FAILED, result.output
         line = one_error_line(result)

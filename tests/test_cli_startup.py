@@ -322,7 +322,8 @@ def test_help_is_what_click_prints_with_every_command_loaded():
 def test_the_default_store_is_the_stores_default_file():
     """The group spells the default out (its help must not import the stores): it must stay the stores' own."""
     from threadloom.cli.output import DEFAULT_SQLITE_PATH, DEFAULT_STORE_URL
-    from threadloom.persistence import DEFAULT_SQLITE_PATH as STORES_DEFAULT, sqlite_file
+    from threadloom.persistence import DEFAULT_SQLITE_PATH as STORES_DEFAULT
+    from threadloom.persistence import sqlite_file
 
     assert DEFAULT_SQLITE_PATH == STORES_DEFAULT
     assert sqlite_file(DEFAULT_STORE_URL) == STORES_DEFAULT

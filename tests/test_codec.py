@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -25,7 +25,7 @@ from threadloom.persistence import codec
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing import strategies as tls
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 # -- round trips -------------------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_every_checkpoint_field_survives() -> None:
     )
     back = codec.decode_checkpoint(codec.encode_checkpoint(cp), "t")
     assert back == cp
-    assert back.created_at.tzinfo == timezone.utc
+    assert back.created_at.tzinfo == UTC
 
 
 def test_tuples_are_stored_as_json_arrays() -> None:
@@ -88,7 +88,7 @@ def test_tuples_are_stored_as_json_arrays() -> None:
 
 
 def test_times_are_integer_microseconds_since_the_epoch() -> None:
-    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
     assert codec.to_micros(epoch) == 0
     assert codec.to_micros(epoch + timedelta(microseconds=1)) == 1
     assert codec.to_micros(epoch - timedelta(microseconds=1)) == -1
@@ -106,7 +106,7 @@ def test_times_are_integer_microseconds_since_the_epoch() -> None:
 @given(tls.aware_datetimes(min_year=1, max_year=9998))
 def test_micros_round_trip_any_aware_datetime(when: datetime) -> None:
     back = codec.from_micros(codec.to_micros(when))
-    assert back == when and back.tzinfo == timezone.utc
+    assert back == when and back.tzinfo == UTC
 
 
 def test_encoding_refuses_what_json_cannot_hold() -> None:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
+
 from threadloom import (
     CancelledError,
     CheckpointStatus,
@@ -484,6 +485,7 @@ def test_a_call_repeated_after_the_crashed_workers_uncommitted_call_passes_only_
 def test_the_demo_passes_on_postgresql():
     """The demo on PostgreSQL, in a throwaway schema named in the store URL (``?schema=``), dropped afterwards."""
     import psycopg
+
     from threadloom.testing.postgres_harness import drop_schema, new_schema_name, postgres_dsn
 
     dsn = postgres_dsn()

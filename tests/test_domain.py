@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import attrs
@@ -50,7 +50,7 @@ from threadloom.domain.values import (
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing import strategies as tls
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 NAIVE = datetime(2026, 1, 1)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +26,7 @@ from threadloom.testing.contract import CheckpointerContract  # noqa: E402
 from threadloom.testing.harness import MemoryHarness  # noqa: E402
 from threadloom.testing.metered_harness import metered_harness  # noqa: E402
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=30)
 
 

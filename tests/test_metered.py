@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import structlog
@@ -13,8 +13,8 @@ import threadloom
 from threadloom import (
     CancelledError,
     Checkpoint,
-    CheckpointStatus,
     Checkpointer,
+    CheckpointStatus,
     ClaimRequest,
     Commit,
     EffectRecord,
@@ -34,7 +34,7 @@ from threadloom import (
 )
 from threadloom.persistence.metrics.metered import OPERATIONS, STORE_METRICS
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = timedelta(seconds=30)
 CALLS = "threadloom_store_calls_total"
 ERRORS = "threadloom_store_errors_total"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
@@ -19,10 +19,10 @@ from threadloom import (
     MeteredCheckpointer,
 )
 from threadloom.cli.main import cli
-from threadloom.persistence.metrics.metered import OPERATIONS
 from threadloom.cli.stats import operations, probe
+from threadloom.persistence.metrics.metered import OPERATIONS
 
-START = datetime(2026, 1, 1, tzinfo=timezone.utc)
+START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def run(*args: str):

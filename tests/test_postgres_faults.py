@@ -14,7 +14,7 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -42,7 +42,7 @@ from threadloom.testing.postgres_harness import (
 
 pytestmark = pytest.mark.postgres
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -415,6 +415,7 @@ def test_a_write_the_driver_refuses_to_send_is_a_processing_error(harness: PgHar
     call (``Database.call``), on both of its paths (prepared binary statements on its own pool, client-side binding on
     a caller's pool), with values the public methods refuse (so the driver is reached only this way)."""
     import psycopg_pool
+
     from threadloom.persistence.postgres.store import PostgresCheckpointer
 
     pool = None

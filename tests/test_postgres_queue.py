@@ -24,12 +24,13 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
 import psycopg
 import pytest
+
 from threadloom import (
     Checkpoint,
     CheckpointStatus,
@@ -66,7 +67,7 @@ pytestmark = pytest.mark.postgres
 
 TTL = timedelta(seconds=30)
 HOUR = timedelta(hours=1)
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture

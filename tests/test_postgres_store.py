@@ -50,7 +50,7 @@ from threadloom.testing.postgres_harness import (
     new_schema_name,
 )
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -294,6 +294,23 @@ def test_create_over_the_callers_pool_leaves_it_open_and_as_it_was(harness: PgHa
         pool.close()
 
 
+@pytest.mark.skipif(
+    tuple(int(part) for part in psycopg_pool.__version__.split(".")[:2]) < (3, 3),
+    reason="psycopg_pool takes callable conninfo and kwargs from 3.3",
+)
+def test_create_over_a_pool_whose_conninfo_and_kwargs_are_callables(harness: PgHarness) -> None:
+    pool = psycopg_pool.ConnectionPool(
+        lambda: harness.dsn, kwargs=lambda: {"application_name": "callables"}, min_size=1, max_size=2, open=True
+    )
+    try:
+        store = PostgresCheckpointer.create(pool, harness.config())
+        token = claim(store, "t").token
+        assert [e.seq for e in store.commit("t", Commit(token=token, events=[event()]))] == [1]
+        store.close()
+    finally:
+        pool.close()
+
+
 def test_create_refuses_what_is_not_a_pool() -> None:
     with pytest.raises(ValidationError) as info:
         PostgresCheckpointer.create("postgresql://x")  # type: ignore[arg-type]
@@ -474,7 +491,7 @@ def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: Pg
 
 def server_now(dsn: str) -> datetime:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT clock_timestamp()").fetchone()[0].astimezone(timezone.utc)
+        return conn.execute("SELECT clock_timestamp()").fetchone()[0].astimezone(UTC)
 
 
 def test_claim_expiry_and_updated_at_come_from_the_database_clock(harness: PgHarness) -> None:
@@ -485,7 +502,7 @@ def test_claim_expiry_and_updated_at_come_from_the_database_clock(harness: PgHar
     store.commit("t", Commit(token=granted.token, checkpoint=checkpoint("t", "c1", None, tenant_id="acme")))
     after = server_now(harness.dsn)
     assert before + ttl <= granted.expires_at <= after + ttl
-    assert granted.expires_at.tzinfo == timezone.utc
+    assert granted.expires_at.tzinfo == UTC
     (summary,) = store.threads(ThreadQuery(tenant_id="acme")).items
     assert before <= summary.updated_at <= after
     assert summary.status is ThreadStatus.RUNNING
@@ -497,7 +514,7 @@ def test_retention_age_ignores_the_producers_created_at(harness: PgHarness) -> N
 
     store = harness.open()
     token = claim(store, "t").token
-    old = datetime(1970, 1, 2, tzinfo=timezone.utc)
+    old = datetime(1970, 1, 2, tzinfo=UTC)
     store.commit(
         "t",
         Commit(

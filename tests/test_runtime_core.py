@@ -10,7 +10,6 @@ from datetime import timedelta
 import pytest
 from structlog.testing import capture_logs
 
-from threadloom.actors.scheduler import ThreadScheduler
 from threadloom import (
     BusyHolder,
     CancelledError,
@@ -32,6 +31,7 @@ from threadloom import (
     WatchPolicy,
 )
 from threadloom.actors import graph as g
+from threadloom.actors.scheduler import ThreadScheduler
 
 WAIT = timedelta(seconds=10)
 

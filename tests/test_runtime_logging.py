@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 
-
 from threadloom import Graph, GraphRuntime, InMemoryCheckpointer, Step
 from threadloom.persistence.logs import SafeLogger
 

@@ -7,6 +7,7 @@ JSON line with what it saw.
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import sqlite3
@@ -140,7 +141,7 @@ def test_tokens_from_two_processes_are_distinct_and_increase_in_each(tmp_path: p
     results = _run_together([{"path": path, "kind": "tokens", "tag": f"p{i}", "claims": 80} for i in range(2)])
     streams = [result["tokens"] for result in results]
     for stream in streams:
-        assert stream and all(a < b for a, b in zip(stream, stream[1:]))
+        assert stream and all(a < b for a, b in itertools.pairwise(stream))
     everything = streams[0] + streams[1]
     assert len(everything) == len(set(everything))
     assert min(everything) > before

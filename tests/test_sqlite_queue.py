@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 import pytest
-from threadloom.testing.sqlite_harness import VmSteps, query_plan
+
 from threadloom import (
     Checkpoint,
     CheckpointStatus,
@@ -41,11 +41,12 @@ from threadloom import (
     ThreadloomError,
     ValidationError,
 )
+from threadloom.persistence.sqlite import queue as sqlite_queue
 from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
-from threadloom.persistence.sqlite import queue as sqlite_queue
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import START
+from threadloom.testing.sqlite_harness import VmSteps, query_plan
 
 TTL = timedelta(seconds=30)
 HOUR = timedelta(hours=1)

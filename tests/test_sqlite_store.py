@@ -13,13 +13,12 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
 
 import threadloom
-from threadloom.testing.sqlite_harness import VmSteps, query_plan
 from threadloom import open_store
 from threadloom.domain.clock import ManualClock
 from threadloom.domain.errors import (
@@ -50,6 +49,7 @@ from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
 from threadloom.persistence.sqlite.store import SYNCHRONOUS, SqliteCheckpointer
 from threadloom.testing.harness import START
+from threadloom.testing.sqlite_harness import VmSteps, query_plan
 
 LONG = timedelta(hours=1)
 
@@ -789,9 +789,9 @@ def test_a_commit_changed_after_construction_is_refused_alone_while_others_commi
     from threadloom.domain.errors import ValidationError
 
     store = SqliteCheckpointer.open(tmp_path / "poison.db")
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    now = store_now = datetime.now(timezone.utc)
+    now = store_now = datetime.now(UTC)
     claims = {f"t{i}": store.claim(f"t{i}", ClaimRequest(holder="r", ttl=timedelta(minutes=5))) for i in range(4)}
 
     def good(thread_id: str) -> int:

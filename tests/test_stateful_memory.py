@@ -13,7 +13,6 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from threadloom.persistence import codec
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.testing.harness import MemoryHarness
 from threadloom.testing.stateful import make_state_machine
@@ -52,7 +51,7 @@ class _EffectsLastWins(InMemoryCheckpointer):
         with self._lock:
             row = self._rows[thread_id]
             for effect in commit.effects:
-                row.effects[effect.key] = codec.encode_effect(effect)
+                row.effects[effect.key] = effect.text
         return records
 
 

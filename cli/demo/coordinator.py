@@ -114,7 +114,9 @@ def run_demo(
     ledger = Ledger(ledger_path)
     entry_ids: set[int] = set()
     for index in range(1, plan.runs + 1):
-        entry = queue.enqueue(plan.thread_id(index), graph_id=AGENT_GRAPH, input=demo_input(index), tenant_id=plan.tenant)
+        entry = queue.enqueue(
+            plan.thread_id(index), graph_id=AGENT_GRAPH, input=demo_input(index), tenant_id=plan.tenant
+        )
         entry_ids.add(entry.entry_id)
     display.note(f"enqueued {plan.runs} runs of {AGENT_GRAPH} for tenant {plan.tenant!r}")
     workers: list[Worker] = []
@@ -150,7 +152,8 @@ def run_demo(
                 display.note(f"gave up after {plan.timeout.total_seconds():.0f}s")
                 timed_out = True
                 break
-            if plan.crash and crash is None and len(live) >= 2 and snapshot.completed >= max(1, int(plan.runs * CRASH_AT)):
+            due = snapshot.completed >= max(1, int(plan.runs * CRASH_AT))
+            if plan.crash and crash is None and len(live) >= 2 and due:
                 picked = pick_victim(store, plan, live)
                 if picked is not None and picked[0].process.poll() is None:
                     victim, held = picked
@@ -199,7 +202,9 @@ def _sqlite_url(path: Path) -> str:
 def _open_demo_store(url: str) -> Checkpointer:
     safe = redact_url(url)
     if url.split(":", 1)[0].lower() == "memory":
-        raise CliError("the demo's workers are separate processes: memory:// cannot be shared; use sqlite or postgresql", 2)
+        raise CliError(
+            "the demo's workers are separate processes: memory:// cannot be shared; use sqlite or postgresql", 2
+        )
     try:
         store = open_store(url)
     except ValidationError as error:

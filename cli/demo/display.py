@@ -205,9 +205,9 @@ def print_result(console: Console, result: DemoResult) -> None:
         console.print(Text(line), soft_wrap=True)
     elif result.plan.crash:
         console.print(Text("crash: none (no worker held a run mid-way at the time)"), soft_wrap=True)
-    verdict = "all checks passed" if result.passed else "SOME CHECKS FAILED"
+    summary = "all checks passed" if result.passed else "SOME CHECKS FAILED"
     console.print(
-        Text(f"{verdict} in {result.duration_s:.1f}s", style="bold green" if result.passed else "bold red")
+        Text(f"{summary} in {result.duration_s:.1f}s", style="bold green" if result.passed else "bold red")
     )
     if result.kept and result.folder is not None:
         console.print(Text(f"kept {result.folder} (store, effect ledger ledger.db, worker logs in logs/)"))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from threadloom.actors.graph import Graph, NodeContext, Step
 from threadloom.actors.runtime import GraphRuntime
 

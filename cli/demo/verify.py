@@ -95,7 +95,7 @@ class Check:
         return {"name": self.name, "passed": self.passed, "figure": self.figure, "problems": list(self.problems)}
 
 
-# -- reading the store -----------------------------------------------------------------------------------------------------
+# -- reading the store -------------------------------------------------------------------------------------------------
 
 
 def demo_entries(queue: RunQueue, entry_ids: set[int]) -> list[QueueEntry]:
@@ -192,7 +192,7 @@ def find_takeovers(logs: dict[str, list[EventRecord]], victim: str, killed_at: d
     return found
 
 
-# -- verification --------------------------------------------------------------------------------------------------------
+# -- verification ------------------------------------------------------------------------------------------------------
 
 
 def _examples(problems: list[str]) -> tuple[str, ...]:
@@ -405,8 +405,8 @@ def _check_stale(
                     f"{thread_id}: checkpoint {checkpoint.id} carries token {checkpoint.fencing_token}, "
                     f"its run's events {token}"
                 )
-    events = sum(len(e) for e in logs.values())
-    figure = f"0 of {events} events and {sum(len(h) for h in histories.values())} checkpoints with a stale token"
+    event_count = sum(len(e) for e in logs.values())
+    figure = f"0 of {event_count} events and {sum(len(h) for h in histories.values())} checkpoints with a stale token"
     if problems:
         figure = f"{len(problems)} stale write(s) found"
     if probed:

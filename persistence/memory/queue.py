@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from threadloom.persistence.clock import read_clock
 from threadloom.domain import rules
 from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
+from threadloom.persistence.clock import read_clock
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
 
 if TYPE_CHECKING:

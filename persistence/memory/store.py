@@ -17,9 +17,7 @@ from threadloom.domain import rules
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
-    CheckpointConflict,
     CheckpointNotFound,
-    InvalidCommit,
     StaleClaim,
     ThreadBusy,
     ValidationError,
@@ -28,7 +26,6 @@ from threadloom.domain.rules import CheckpointRow
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
-    Commit,
     EffectRecord,
     EventRecord,
     RetentionPolicy,
@@ -44,8 +41,8 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
-from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
+from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
 
 
@@ -107,7 +104,7 @@ class InMemoryCheckpointer(StoreBase):
         self._place_counter = 0
         self._last_token = 0
         self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
-        self.queue = InMemoryRunQueue(self)
+        self.queue: InMemoryRunQueue = InMemoryRunQueue(self)
         """The store's run queue (DESIGN §4): shares this lock; its open entries' runs survive retention."""
 
     def __repr__(self) -> str:
@@ -184,7 +181,9 @@ class InMemoryCheckpointer(StoreBase):
             old = existing.claim if existing is not None else None
             if old is not None and rules.claim_is_live(old.expires_at, now):
                 raise ThreadBusy(
-                    thread_id, self._latest_id(existing), rules.busy_holder(old.holder, old.tenant_id, request.tenant_id)
+                    thread_id,
+                    self._latest_id(existing),
+                    rules.busy_holder(old.holder, old.tenant_id, request.tenant_id),
                 )
             expires_at = now + request.ttl  # first: an overflow must not leave a row or spend a token
             row = self._row(thread_id)
@@ -235,6 +234,16 @@ class InMemoryCheckpointer(StoreBase):
                     if row.history[index].checkpoint.status.settled:
                         keep = index + 1
                         break
+
+            # Asked only after the token check passed: a current claim means the thread has a row.
+            def base() -> str | None:
+                assert row is not None
+                return row.history[keep - 1].row.id if keep else None
+
+            def contains(checkpoint_id: str) -> bool:
+                assert row is not None
+                return checkpoint_id in row.ids
+
             rules.check_commit(
                 thread_id,
                 token=commit.token,
@@ -242,8 +251,8 @@ class InMemoryCheckpointer(StoreBase):
                 fence=commit.fence,
                 fence_current=self._current,
                 checkpoint=None if cp is None else (cp.id, cp.parent),
-                base=lambda: row.history[keep - 1].row.id if keep else None,
-                contains=lambda checkpoint_id: checkpoint_id in row.ids,
+                base=base,
+                contains=contains,
                 latest_id=lambda: self._latest_id(row),
                 pending_targets=commit.pending_targets,
                 retract_turn=commit.retract_turn,

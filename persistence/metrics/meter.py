@@ -42,6 +42,10 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 """Upper bounds, in seconds, of the latency histogram buckets (100 µs to 30 s; ``+Inf`` is implied)."""
 
 
+def _labels(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 def _check_kind(_inst: Any, _attr: Any, value: Any) -> None:
     if value not in ("counter", "histogram"):
         raise ValidationError("spec.kind", (f"must be 'counter' or 'histogram', got {value!r}",))
@@ -72,7 +76,7 @@ class MetricSpec:
     name: str
     kind: Literal["counter", "histogram"] = attrs.field(validator=_check_kind)
     help: str
-    labels: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    labels: tuple[str, ...] = attrs.field(default=(), converter=_labels)
     unit: str = ""
     buckets: tuple[float, ...] | None = attrs.field(
         default=None, converter=attrs.converters.optional(tuple), validator=_check_buckets

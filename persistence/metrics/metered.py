@@ -54,12 +54,11 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
-from threadloom.persistence.logs import get_logger as _safe_logger
-
 from threadloom.domain.errors import CancelledError, StaleClaim, ThreadBusy, ValidationError
 from threadloom.domain.values import EventRecord, RunClaim, SweepPage
 from threadloom.persistence.base import OPERATIONS, Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
+from threadloom.persistence.logs import get_logger as _safe_logger
 from threadloom.persistence.metrics.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
 
 _log = _safe_logger("threadloom.metrics")

@@ -1,4 +1,4 @@
-"""``PrometheusMeter``: a :class:`~threadloom.persistence.metrics.meter.Meter` over ``prometheus_client`` (DESIGN §3, §6).
+"""``PrometheusMeter``: a :class:`~threadloom.persistence.metrics.meter.Meter` over ``prometheus_client``.
 
 Needs the ``metrics`` extra (``pip install 'threadloom[metrics]'``); ``prometheus_client`` is imported when a
 meter is built, never when this module is imported. Each metric becomes a ``prometheus_client`` ``Counter`` or

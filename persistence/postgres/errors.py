@@ -135,7 +135,9 @@ def _client_side(operation: str, where: str, text: str, write: bool, answered: b
         )
     if answered:
         return StoreCorrupt(operation, f"the database's answer{where} could not be read ({text})")
-    return ProcessingError(operation, f"the database driver refused the call's values{where}; nothing was sent ({text})")
+    return ProcessingError(
+        operation, f"the database driver refused the call's values{where}; nothing was sent ({text})"
+    )
 
 
 def _server_side(operation: str, where: str, sqlstate: str, detail: str, bound: str, write: bool) -> ThreadloomError:

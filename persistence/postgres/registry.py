@@ -12,7 +12,14 @@ from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain.errors import StoreCorrupt
-from threadloom.domain.values import CheckpointStatus, ThreadCursor, ThreadPage, ThreadQuery, ThreadStatus, ThreadSummary
+from threadloom.domain.values import (
+    CheckpointStatus,
+    ThreadCursor,
+    ThreadPage,
+    ThreadQuery,
+    ThreadStatus,
+    ThreadSummary,
+)
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.postgres.calls import Database, as_utc

@@ -139,11 +139,13 @@ REGISTRY_COLUMNS = (
 
 REGISTRY_ROOTS = "t.tenant_key = %s AND t.latest_id IS NOT NULL AND t.origin_parent IS NULL"
 
+_UNCLAIMED = "NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)"
+
 REGISTRY_BRANCHES = {
-    "idle": "t.latest_status = 'running' AND NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)",
-    "suspended": "t.latest_status = 'suspended' AND NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)",
-    "completed": "t.latest_status = 'completed' AND NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)",
-    "failed": "t.latest_status = 'failed' AND NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)",
+    "idle": f"t.latest_status = 'running' AND {_UNCLAIMED}",
+    "suspended": f"t.latest_status = 'suspended' AND {_UNCLAIMED}",
+    "completed": f"t.latest_status = 'completed' AND {_UNCLAIMED}",
+    "failed": f"t.latest_status = 'failed' AND {_UNCLAIMED}",
     "running": "t.claim_token IS NOT NULL AND NOT t.deleting AND t.claim_expires > statement_timestamp()",
     "deleted": "t.deleting",
 }

@@ -222,7 +222,10 @@ class PostgresCheckpointer(StoreBase):
                 text,
                 min_size=config.min_size,
                 max_size=config.max_size,
-                kwargs={"autocommit": True, "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds()))},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds())),
+                },
                 configure=configure,
                 timeout=config.connect_timeout.total_seconds(),
                 open=False,
@@ -266,7 +269,9 @@ class PostgresCheckpointer(StoreBase):
             parts: dict[str, Any] | None = libpq.parse(text)
         except ValidationError:  # the pool's business: it fails to connect and says so
             parts = None
-        secrets = libpq.secrets_of(text, parts, dict(pool.kwargs or {}))
+        # psycopg_pool may take callables for conninfo and kwargs: it calls them itself, their secrets are unknown here
+        kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
+        secrets = libpq.secrets_of(text, parts, dict(kwargs))
         target = libpq.target_of(parts, secrets)
         return cls._migrated(pool, config, owns_pool=False, secrets=secrets, target=target)
 
@@ -329,7 +334,9 @@ class PostgresCheckpointer(StoreBase):
         code, current, holder, expires_at, tenant = rows[0]
         if code == 1:
             raise StaleClaim(thread_id, token, current)
-        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant)
+        return RunClaim(
+            thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant
+        )
 
     def _release(self, thread_id: str, token: int) -> None:
         self._call("release", thread_id, "RELEASE", (thread_id, token), write=True)

@@ -17,10 +17,11 @@ retention) and storing the same JSON text. What SQLite adds:
   :class:`~threadloom.persistence.sqlite.queue.SqliteRunQueue` over the store's database, and ``prune`` and
   ``sweep`` read the runs its open entries recorded inside their own write transaction.
 
-Errors (README "Errors"; mapped in :mod:`threadloom.persistence.sqlite.errors`): ``StoreUnavailable`` (busy past the busy timeout, read-only,
-disk full or an I/O error that rolled the write back: retryable), ``StoreCorrupt`` (not a database, a damaged file
-or row, a schema newer than the code: not retryable), ``StoreClosed`` after :meth:`~SqliteCheckpointer.close`,
-and ``OutcomeUnknown`` when the ``COMMIT`` itself failed (the write may have applied; fencing keeps a retry safe).
+Errors (README "Errors"; mapped in :mod:`threadloom.persistence.sqlite.errors`): ``StoreUnavailable`` (busy past
+the busy timeout, read-only, disk full or an I/O error that rolled the write back: retryable), ``StoreCorrupt``
+(not a database, a damaged file or row, a schema newer than the code: not retryable), ``StoreClosed`` after
+:meth:`~SqliteCheckpointer.close`, and ``OutcomeUnknown`` when the ``COMMIT`` itself failed (the write may have
+applied; fencing keeps a retry safe).
 """
 
 from __future__ import annotations
