@@ -142,8 +142,8 @@ if TYPE_CHECKING:  # the names as a type checker sees them
     )
     from threadloom.persistence import open_store
     from threadloom.persistence.base import Checkpointer, StoreBase
-    from threadloom.persistence.forwarding import ForwardingCheckpointer
     from threadloom.persistence.clock import SystemClock
+    from threadloom.persistence.forwarding import ForwardingCheckpointer
     from threadloom.persistence.memory import InMemoryCheckpointer
     from threadloom.persistence.metrics import InMemoryMeter, Meter, MeteredCheckpointer
     from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
