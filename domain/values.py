@@ -270,8 +270,13 @@ class EventRecord:
 
     @classmethod
     def of(cls, draft: EventDraft, *, thread_id: str, seq: int, token: int) -> EventRecord:
-        """The record a store returns for ``draft`` numbered ``seq`` by a commit under ``token``."""
-        return cls(
+        """The record a store returns for ``draft`` numbered ``seq`` by a commit under ``token``.
+
+        The draft was validated when it was built; only ``thread_id`` is checked here.
+        """
+        v.check_id("event.thread_id", thread_id)
+        return trusted(
+            cls,
             thread_id=thread_id,
             seq=seq,
             token=token,

@@ -33,7 +33,6 @@ from threadloom.domain.values import (
     EventDraft,
     EventRecord,
     PendingWrite,
-    trusted,
 )
 
 _quote = json.encoder.encode_basestring  # the C string encoder (ensure_ascii=False): quotes and escapes a str
@@ -89,20 +88,7 @@ class EncodedEvent:
 
     def record(self, seq: int) -> EventRecord:
         """The record a later read of the event numbered ``seq`` returns (nothing validated again)."""
-        draft = self.draft
-        return trusted(
-            EventRecord,
-            thread_id=self.thread_id,
-            seq=seq,
-            token=self.token,
-            run_id=draft.run_id,
-            type=draft.type,
-            timestamp=draft.timestamp,
-            payload=draft.payload,
-            checkpoint_id=draft.checkpoint_id,
-            task_id=draft.task_id,
-            node_id=draft.node_id,
-        )
+        return EventRecord.of(self.draft, thread_id=self.thread_id, seq=seq, token=self.token)
 
 
 @attrs.frozen(slots=True)

@@ -74,6 +74,18 @@ class RunQueue(abc.ABC):
         if self.closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
 
+    @staticmethod
+    def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:
+        """The lease a queue hands out for ``entry``, just leased (or renewed) by ``entry.leased_by``."""
+        assert entry.leased_by is not None and entry.lease_expires_at is not None
+        return Lease(
+            entry=entry,
+            attempt=entry.attempts,
+            holder=entry.leased_by,
+            expires_at=entry.lease_expires_at,
+            taken_over_from=taken_over_from,
+        )
+
     # -- writes -----------------------------------------------------------------------------------------------
 
     def enqueue(

@@ -92,17 +92,6 @@ class InMemoryRunQueue(RunQueue):
             raise StaleLease(entry_id, attempt, current)
         return row
 
-    @staticmethod
-    def _lease_value(row: _EntryRow, taken_over_from: str | None = None) -> Lease:
-        assert row.leased_by is not None and row.lease_expires_at is not None
-        return Lease(
-            entry=row.value(),
-            attempt=row.attempts,
-            holder=row.leased_by,
-            expires_at=row.lease_expires_at,
-            taken_over_from=taken_over_from,
-        )
-
     def protected_runs(self, thread_id: str) -> frozenset[str]:
         """The RunIds the open entries of ``thread_id`` recorded (the store's lock held by the caller)."""
         return frozenset(
@@ -150,14 +139,14 @@ class InMemoryRunQueue(RunQueue):
                 row.attempts += 1
                 row.leased_by = holder
                 row.lease_expires_at = now + ttl
-                return self._lease_value(row, previous)
+                return self._lease_value(row.value(), previous)
             return None
 
     def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
         with self._store._lock:
             row = self._current(entry_id, attempt)
             row.lease_expires_at = self._now() + ttl
-            return self._lease_value(row)
+            return self._lease_value(row.value())
 
     def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
         with self._store._lock:

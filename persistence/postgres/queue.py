@@ -107,17 +107,6 @@ class PostgresRunQueue(RunQueue):
             raise ProcessingError(operation, "the run-queue entry vanished while the call ran; was it deleted?")
         return entry_value(row[3:])
 
-    @staticmethod
-    def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:
-        assert entry.leased_by is not None and entry.lease_expires_at is not None
-        return Lease(
-            entry=entry,
-            attempt=entry.attempts,
-            holder=entry.leased_by,
-            expires_at=entry.lease_expires_at,
-            taken_over_from=taken_over_from,
-        )
-
     # -- writes -----------------------------------------------------------------------------------------------
 
     def _enqueue(

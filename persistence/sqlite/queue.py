@@ -226,17 +226,6 @@ class SqliteRunQueue(RunQueue):
             raise StaleLease(entry_id, attempt, current)
         return row
 
-    @staticmethod
-    def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:
-        assert entry.leased_by is not None and entry.lease_expires_at is not None
-        return Lease(
-            entry=entry,
-            attempt=entry.attempts,
-            holder=entry.leased_by,
-            expires_at=entry.lease_expires_at,
-            taken_over_from=taken_over_from,
-        )
-
     # -- writes -----------------------------------------------------------------------------------------------
 
     def _enqueue(
