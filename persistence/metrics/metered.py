@@ -74,8 +74,6 @@ SWEEP_PRUNED = "threadloom_sweep_pruned_total"
 SWEEP_RECLAIMED = "threadloom_sweep_reclaimed_total"
 WAITS = "threadloom_waits_total"
 
-"""Every metered store method: the values of the ``op`` label."""
-
 STORE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         name=CALLS, kind="counter", help="Store calls, by store method (failed calls included).", labels=("op",)
