@@ -240,13 +240,16 @@ class CliState:
 
         return url_secrets(self.store_url)
 
-    def store(self, *, create: bool = False) -> Checkpointer:
+    def store(self, *, create: bool = False, read_only: bool = False) -> Checkpointer:
         """The store named by ``--store``, opened on first use.
 
         Args:
             create: create (and migrate) a SQLite file, or a PostgreSQL schema, that holds no store yet. False
                 (every command that only reads, and ``sweep``): a missing one is refused, so a mistyped path or
                 schema creates nothing.
+            read_only: the command only reads: a SQLite file is opened read-only (nothing created, migrated or
+                written; a file that holds no threadloom store is refused), and a PostgreSQL schema is neither
+                created nor migrated.
 
         Raises:
             CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist, or a
@@ -267,7 +270,10 @@ class CliState:
                         f"'threadloom demo --store sqlite:///{path}'), or check the path",
                         kind="StoreNotFound",
                     )
-                self._store = open_store(self.store_url, **self._postgres_options(create))
+                options = self._postgres_options(create)
+                if path is not None and read_only:
+                    options["read_only"] = True
+                self._store = open_store(self.store_url, **options)
             except ValidationError as error:
                 reason = "; ".join(error.problems) if error.field == "url" else str(error)
                 raise CliError(

@@ -77,7 +77,7 @@ def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], l
     completed, failed, deleted (a cascade delete began).
     """
     state = state_of(ctx)
-    store = state.store()
+    store = state.store(read_only=True)
     query = ThreadQuery(
         tenant_id=tenant,
         limit=limit,
@@ -140,7 +140,7 @@ def show(ctx: click.Context, thread: str) -> None:
     thread. Child threads (spawned by another thread) are not in the registry.
     """
     state = state_of(ctx)
-    store = state.store()
+    store = state.store(read_only=True)
     stored = store.latest(thread)
     if stored is None:
         raise _unknown_thread(state, thread)
@@ -227,7 +227,7 @@ def _history(store: Checkpointer, thread: str, limit: int, before: str | None) -
 def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> None:
     """List THREAD's checkpoints, newest first."""
     state = state_of(ctx)
-    store = state.store()
+    store = state.store(read_only=True)
     items = _history(store, thread, limit, before)
     if not items and before is None and store.latest(thread) is None:
         raise _unknown_thread(state, thread)
@@ -351,7 +351,7 @@ def events(ctx: click.Context, thread: str, after: int | None, limit: int | None
     exit status 0. With --json, --follow prints one JSON object per line.
     """
     state = state_of(ctx)
-    store = state.store()
+    store = state.store(read_only=True)
     if after is None:
         after = _earliest_after(store, thread)
     try:

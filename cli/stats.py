@@ -119,7 +119,8 @@ def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], samp
     for thread_id in threads:
         v.check_id("thread", thread_id)
     meter = InMemoryMeter()
-    store = MeteredCheckpointer(state.store(), meter)  # the group closes the inner store when the command ends
+    # The group closes the inner store when the command ends.
+    store = MeteredCheckpointer(state.store(read_only=True), meter)
     read: list[str] = []
     failure: ProcessingError | None = None
     for _ in range(rounds):

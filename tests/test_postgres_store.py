@@ -915,7 +915,7 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
 
 def test_a_config_that_creates_nothing_refuses_a_schema_with_no_store(harness: PgHarness) -> None:
     missing = new_schema_name()
-    with pytest.raises(ProcessingError, match=f"no threadloom store in schema '{missing}'.*nothing was created"):
+    with pytest.raises(ProcessingError, match=f"schema '{missing}' at .* is not a threadloom store .nothing was created"):
         PostgresCheckpointer.open(harness.dsn, harness.config(schema=missing, create=False))
     assert _schemas(harness.dsn, missing) == set()
     harness.open().close()  # a store that exists opens as ever
@@ -925,9 +925,23 @@ def test_a_config_that_creates_nothing_refuses_a_schema_with_no_store(harness: P
         harness.config(create="no")
 
 
+def test_a_config_that_creates_nothing_never_migrates_an_older_schema(harness: PgHarness) -> None:
+    """A reader (``create=False``) refuses a store of an older version instead of migrating it."""
+    import psycopg
+
+    harness.open().close()
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        latest = conn.execute(f'SELECT max(version) FROM "{harness.schema}".schema_version').fetchone()[0]
+        conn.execute(f'DELETE FROM "{harness.schema}".schema_version WHERE version = %s', (latest,))
+    with pytest.raises(ProcessingError, match=f"version {latest - 1}, older than .* nothing was migrated"):
+        PostgresCheckpointer.open(harness.dsn, harness.config(create=False))
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        assert conn.execute(f'SELECT max(version) FROM "{harness.schema}".schema_version').fetchone()[0] == latest - 1
+
+
 @pytest.mark.parametrize(
     "command",
-    [["threads"], ["show", "x"], ["history", "x"], ["events", "x"], ["stats"], ["sweep"]],
+    [["threads"], ["show", "x"], ["history", "x"], ["events", "x"], ["stats"], ["sweep"], ["check"]],
     ids=lambda command: command[0],
 )
 def test_the_cli_never_creates_a_schema_it_only_reads(harness: PgHarness, command: list[str]) -> None:
@@ -940,5 +954,5 @@ def test_the_cli_never_creates_a_schema_it_only_reads(harness: PgHarness, comman
     url = _with_query(harness.dsn, f"schema={missing}")
     result = CliRunner().invoke(cli, ["--store", url, *command])
     assert result.exit_code == EXIT_FAILED, result.output
-    assert f"no threadloom store in schema '{missing}'" in result.output
+    assert f"schema '{missing}' at" in result.output and "is not a threadloom store" in result.output
     assert _schemas(harness.dsn, missing) == set()

@@ -98,12 +98,19 @@ def migrate(db: Database, target: str) -> None:
                         _check_version(config.schema, row[0], latest)
                         discard = False
                         return
+                    if not config.create:  # a reader never migrates
+                        raise ProcessingError(
+                            "open",
+                            f"schema {config.schema!r} at {target} holds a threadloom store of version {row[0]}, "
+                            f"older than this threadloom's {latest}, and nothing was migrated (this open may not "
+                            "create or migrate); open it once with a command that writes to migrate it",
+                        )
                 except (errors.UndefinedTable, errors.InvalidSchemaName):
                     if not config.create:
                         raise ProcessingError(
                             "open",
-                            f"no threadloom store in schema {config.schema!r} at {target} (nothing was created); "
-                            "run a command that writes, or check the schema",
+                            f"schema {config.schema!r} at {target} is not a threadloom store (nothing was "
+                            "created); run a command that writes to create one, or check the schema",
                         ) from None
                 ms = config.call_timeout_ms
                 with conn.transaction():

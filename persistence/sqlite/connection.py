@@ -38,6 +38,8 @@ from threadloom.domain.clock import Clock
 from threadloom.domain.errors import ProcessingError
 from threadloom.persistence.clock import read_clock
 from threadloom.persistence.sqlite.errors import lock_timeout, map_error
+from threadloom.persistence.sqlite.readonly import Access
+from threadloom.persistence.sqlite.readonly import connect as connect_read_only
 
 T = TypeVar("T")
 
@@ -113,10 +115,15 @@ class Database:
         clock: the store's clock.
         busy_s: how long, in seconds, a write waits for other writers of the file (> 0).
         synchronous: ``PRAGMA synchronous`` of the connections, one of :data:`SYNCHRONOUS_MODES`.
+        read_only: how a read-only store reads the file (:mod:`threadloom.persistence.sqlite.readonly`); None for a
+            store that writes. A read-only database refuses every write before touching the file.
     """
 
-    def __init__(self, path: str, clock: Clock, busy_s: float, synchronous: str) -> None:
+    def __init__(
+        self, path: str, clock: Clock, busy_s: float, synchronous: str, read_only: Access | None = None
+    ) -> None:
         self.path = path
+        self.read_only = read_only
         self.clock = clock
         self.busy_s = busy_s
         self.synchronous = synchronous
@@ -164,6 +171,8 @@ class Database:
     # -- connections ---------------------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only is not None:
+            return connect_read_only(self.path, self.busy_s, immutable=self.read_only.use_immutable(self.path))
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_s,
@@ -186,7 +195,8 @@ class Database:
         return self._connect()
 
     def _give(self, conn: sqlite3.Connection, healthy: bool) -> None:
-        if healthy:
+        # An immutable connection is never reused: the next call looks again for a writer's -wal.
+        if healthy and (self.read_only is None or not self.read_only.immutable):
             with self._pool_lock:
                 if not self._closed and len(self.idle) < MAX_IDLE_CONNECTIONS:
                     self.idle.append(conn)
@@ -272,8 +282,15 @@ class Database:
             StoreUnavailable: the file stayed busy past the busy timeout, is read-only, the disk is full...;
                 nothing was written: retrying is safe.
             OutcomeUnknown: the ``COMMIT`` failed: the write may or may not have applied.
-            ProcessingError: another driver error (mapped); nothing was written.
+            ProcessingError: another driver error (mapped), or the store was opened read-only (raised before the
+                file is touched); nothing was written.
         """
+        if self.read_only is not None:
+            raise ProcessingError(
+                operation,
+                f"the store over {self.path!r} was opened read-only; nothing was written; open it without "
+                "read_only to write",
+            )
         with self._queue_lock:
             lead = not self.leading
             request = _Write(operation, thread_id, work, args, None if lead else threading.Event())

@@ -43,6 +43,8 @@ SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 SQLITE_CANTOPEN = 14
 SQLITE_NOTADB = 26
+SQLITE_READONLY_DIRECTORY = SQLITE_READONLY | (6 << 8)
+"""The extended code of a file whose directory cannot be written (SQLite cannot make its -wal and -shm there)."""
 
 _BUSY_ADVICE = "retry later, or open the store with a longer busy_timeout"
 
@@ -129,6 +131,14 @@ def map_error(
     kind: type[ProcessingError]
     if closed and (isinstance(error, sqlite3.ProgrammingError) or primary is None):
         kind, problem, advice = StoreClosed, "the store was closed while working on {where}", "open a new one"
+    elif getattr(error, "sqlite_errorcode", None) == SQLITE_READONLY_DIRECTORY:
+        kind, problem, advice = (
+            StoreUnavailable,
+            "the directory of the SQLite file {file} cannot be written, and SQLite keeps its -wal and -shm files "
+            "there (while working on {where})",
+            "a store that writes needs write access to its directory; to only read it, open it read-only "
+            "(read_only=True; the commands that only read do)",
+        )
     else:
         kind, problem, advice = _KNOWN.get(primary, _UNKNOWN) if primary is not None else _UNKNOWN
     problem = problem.format(file=repr(path), where=where, busy_s=busy_s, error=error, kind=type(error).__name__)

@@ -57,7 +57,7 @@ from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.sqlite import retention
+from threadloom.persistence.sqlite import readonly, retention
 from threadloom.persistence.sqlite import schema as sql
 from threadloom.persistence.sqlite.connection import (
     MAX_WRITE_BATCH,
@@ -139,10 +139,12 @@ class SqliteCheckpointer(StoreBase):
         busy_timeout: timedelta = timedelta(seconds=5),
         *,
         synchronous: str = SYNCHRONOUS,
+        read_only: bool = False,
     ) -> SqliteCheckpointer:
         """Opens (creating and migrating as needed) the store in the SQLite file at ``path``.
 
         Any number of stores and processes may open one file, a new one included, at the same time.
+        With ``read_only=True`` nothing is created, migrated or written (README "Which commands only read").
 
         Args:
             path: the database file (str or path-like); its directory must exist. Relative paths are resolved
@@ -154,6 +156,10 @@ class SqliteCheckpointer(StoreBase):
             synchronous: ``PRAGMA synchronous`` of the connections, one of ``OFF``, ``NORMAL``, ``FULL``,
                 ``EXTRA``; default ``NORMAL`` (a crash of the process loses nothing committed, a power loss may
                 lose the last commits; ``FULL`` syncs every commit).
+            read_only: open the file for reading only: it must exist and hold a threadloom store of this
+                version; no file is created or changed, the journal mode is left alone, and every write method
+                raises ``ProcessingError`` before touching the file. Works on a store owned by another user or in a
+                directory the caller cannot write.
 
         Returns:
             The open store; close it with :meth:`close` (or use it as a context manager).
@@ -162,9 +168,11 @@ class SqliteCheckpointer(StoreBase):
             ValidationError: ``path`` is not a file path (a directory, empty, ``:memory:``) or another argument
                 is bad; nothing was created.
             StoreUnavailable: the file cannot be opened or created (a missing directory, not writable) or stayed
-                busy; retry once that is fixed.
+                busy; retry once that is fixed. With ``read_only``: no file at ``path``, or it cannot be read.
             StoreCorrupt: the file is not a SQLite database, is damaged, or was written by a newer version of
-                threadloom; not retryable.
+                threadloom; not retryable. With ``read_only`` also: an empty file, or a SQLite database that holds
+                no threadloom store ("... is not a threadloom store").
+            ProcessingError: with ``read_only``: a store of an older schema (a read does not migrate it).
         """
         absolute = _check_path(path)
         if clock is None:
@@ -174,7 +182,13 @@ class SqliteCheckpointer(StoreBase):
         v.check_positive_duration("busy_timeout", busy_timeout)
         if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValidationError("synchronous", (f"must be one of {sorted(SYNCHRONOUS_MODES)}, got {synchronous!r}",))
-        database = Database(absolute, clock, busy_timeout.total_seconds(), synchronous.upper())
+        if not isinstance(read_only, bool):
+            raise ValidationError("read_only", (f"must be a bool, got {type(read_only).__name__}",))
+        busy_s = busy_timeout.total_seconds()
+        if read_only:
+            access = readonly.probe(absolute, busy_s, SCHEMA_VERSION)
+            return cls(Database(absolute, clock, busy_s, synchronous.upper(), read_only=access), _OPENING)
+        database = Database(absolute, clock, busy_s, synchronous.upper())
         store = cls(database, _OPENING)
         try:
             database.setup(
