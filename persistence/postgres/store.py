@@ -70,10 +70,12 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
+from threadloom.persistence.check import CheckReport
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.postgres.calls import Database, as_utc
+from threadloom.persistence.postgres.check import check as check_store
 from threadloom.persistence.postgres.config import (
     MAX_CALL_TIMEOUT,
     MAX_CONNECT_TIMEOUT,
@@ -539,6 +541,19 @@ class PostgresCheckpointer(StoreBase):
         return self._registry.incomplete(tenant_id, limit, after)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    def check(self) -> CheckReport:
+        """Checks the store's invariants on one snapshot of its schema (README "Backup, restore and check" lists
+        them). Reads only, in one REPEATABLE READ READ ONLY transaction; writers go on meanwhile.
+
+        Returns:
+            ``CheckReport``: the problems found (empty when sound; ``report.ok``) and the rows read.
+
+        Raises:
+            ProcessingError: the database failed or could not be reached; nothing was written.
+        """
+        self._ensure_open("check")
+        return check_store(self._db)
 
     def _close(self) -> None:
         self._listener.stop()

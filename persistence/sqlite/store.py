@@ -57,7 +57,8 @@ from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.sqlite import readonly, retention
+from threadloom.persistence.check import CheckReport
+from threadloom.persistence.sqlite import maintenance, readonly, retention
 from threadloom.persistence.sqlite import schema as sql
 from threadloom.persistence.sqlite.connection import (
     MAX_WRITE_BATCH,
@@ -211,6 +212,58 @@ class SqliteCheckpointer(StoreBase):
 
     def _close(self) -> None:
         self._db.close()
+
+    @property
+    def read_only(self) -> bool:
+        """True for a store opened with ``read_only=True``: every write raises ``ProcessingError``."""
+        return self._db.read_only is not None
+
+    # -- maintenance (README "Backup, restore and check") ------------------------------------------------------------
+
+    def backup(self, dest: str | os.PathLike[str], *, overwrite: bool = False) -> maintenance.BackupReport:
+        """Copies the store into the file ``dest``: one consistent snapshot taken while writers go on, complete
+        or absent (written beside ``dest`` and renamed into place once synced), one self-contained file.
+
+        Args:
+            dest: the file to write; its directory must exist.
+            overwrite: replace an existing ``dest`` (default: refuse it).
+
+        Returns:
+            ``BackupReport``: the copy's absolute path, its size in bytes and how many thread rows it holds.
+
+        Raises:
+            ValidationError: (field ``dest``) it exists and ``overwrite`` is False, or it is a directory, the
+                store's own file, or in a directory that does not exist; nothing was written.
+            ProcessingError: reading the store failed; no copy was left. Safe to retry.
+            OSError: writing the copy failed (disk full, permissions); no copy was left.
+        """
+        self._ensure_open("backup")
+        return maintenance.backup(self._db, dest, overwrite=overwrite)
+
+    def check(self) -> CheckReport:
+        """Checks the file (``PRAGMA integrity_check``) and the store's invariants on one snapshot (README
+        "Backup, restore and check" lists them). Reads only; writers go on meanwhile.
+
+        Returns:
+            ``CheckReport``: the problems found (empty when sound; ``report.ok``) and the rows read.
+
+        Raises:
+            ProcessingError: the file cannot be opened or read at all.
+        """
+        self._ensure_open("check")
+        return maintenance.check(self._db)
+
+    def integrity_check(self, *, quick: bool = True) -> list[str]:
+        """SQLite's own check of the file (``PRAGMA quick_check``; ``quick=False``: ``integrity_check``).
+
+        Returns:
+            ``[]`` when the file is sound, else SQLite's messages (at most 100).
+
+        Raises:
+            ProcessingError: the file cannot be read at all.
+        """
+        self._ensure_open("check")
+        return maintenance.integrity(self._db, quick=quick)
 
     def _now_us(self) -> int:
         return to_micros(self._db.now())
