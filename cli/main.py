@@ -8,8 +8,9 @@ Errors never print a traceback: one line ``threadloom: error: ...`` on stderr, a
 went wrong (see :mod:`threadloom.cli.output`); with ``--json``, stdout also gets one line
 ``{"error": {"type": ..., "message": ...}}``. A store URL's password never appears in output, errors or log lines.
 
-Commands that only read (``threads``, ``show``, ``history``, ``events``, ``stats``) and ``sweep`` refuse a SQLite
-file that does not exist instead of creating it (a mistyped path).
+Commands that only read (``threads``, ``show``, ``history``, ``events``, ``stats``, ``check``, ``backup``) open
+a SQLite store read-only: they create, migrate and write nothing, and refuse a file that does not exist or holds
+no threadloom store. ``sweep`` writes, but refuses a SQLite file that does not exist instead of creating it.
 
 This module holds the group, its global options, the table of commands and :func:`main`; each command lives in a
 module of its own, imported only when it runs, so ``threadloom --help`` and ``threadloom --version`` import
@@ -84,6 +85,14 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     "events": LazyCommand("threadloom.cli.read:events", "Print THREAD's numbered events after --after, oldest first."),
     "sweep": LazyCommand(
         "threadloom.cli.sweep:sweep", "Apply a retention policy to every thread of the store, page by page."
+    ),
+    "backup": LazyCommand(
+        "threadloom.cli.maintenance:backup",
+        "Copy the store into the file DEST: one consistent snapshot, taken while writers go on.",
+    ),
+    "check": LazyCommand(
+        "threadloom.cli.maintenance:check",
+        "Verify the store's integrity; exit status 1 and a table of problems when it is not sound.",
     ),
     "stats": LazyCommand(
         "threadloom.cli.stats:stats",

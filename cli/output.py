@@ -181,7 +181,8 @@ def error_document(kind: str, message: str) -> dict[str, Any]:
     Shape: ``{"error": {"type": kind, "message": message}}``, printed on one line, with the exit status of the
     stderr line. ``type`` is the library error's class name (``ValidationError``, ``ProcessingError``,
     ``CheckpointNotFound``, ``ThreadDeleted``, ...) or one of the command's own: ``UsageError`` (bad command
-    line), ``UnknownThread``, ``StoreNotFound``, ``Interrupted``, ``CommandError``, ``UnexpectedError``.
+    line), ``UnknownThread``, ``StoreNotFound``, ``StoreDamaged`` (``check`` found problems), ``Interrupted``,
+    ``CommandError``, ``UnexpectedError``.
     ``message`` is the stderr line's text without its ``threadloom: error:`` prefix (the password scrubbed).
     Not printed when the command already printed its JSON document (``stats`` reports a probe failure in it).
     """

@@ -11,7 +11,7 @@ import structlog
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from threadloom.cli.output import DURATION, EXIT_INTERRUPTED, new_table, state_of
+from threadloom.cli.output import DURATION, EXIT_INTERRUPTED, CliError, CliState, new_table, state_of
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
 from threadloom.persistence.base import Checkpointer
 
@@ -47,6 +47,23 @@ def sweep_all(store: Checkpointer, policy: SweepPolicy) -> Iterator[SweepTotals]
         after = page.next
 
 
+def _refuse_a_damaged_file(state: CliState, store: Checkpointer) -> None:
+    """Before a SQLite store is swept, SQLite's ``quick_check`` of the file: a damaged file is refused (exit 1),
+    nothing swept, since the sweep alone reads too little of the file to notice and writing could spread damage."""
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    if not isinstance(store, SqliteCheckpointer):
+        return
+    problems = store.integrity_check(quick=True)
+    if problems:
+        shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        raise CliError(
+            f"the SQLite file of {state.safe_url!r} is damaged ({shown}); nothing was swept; run 'threadloom check' "
+            "and restore a backup",
+            kind="StoreCorrupt",
+        )
+
+
 def _td_json(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
@@ -78,6 +95,7 @@ def sweep(
     """
     state = state_of(ctx)
     store = state.store()
+    _refuse_a_damaged_file(state, store)
     policy = SweepPolicy(
         retention=RetentionPolicy(max_age=max_age, max_checkpoints=max_checkpoints, max_events=max_events),
         batch_size=batch_size,

@@ -19,7 +19,7 @@ import tempfile
 
 import attrs
 
-from threadloom.domain.errors import ValidationError
+from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.persistence.check import CheckReport, Collector, ThreadRows, audit_thread, orphans
 from threadloom.persistence.sqlite.connection import Database
 
@@ -67,7 +67,7 @@ def integrity(db: Database, *, quick: bool = False) -> list[str]:
     """
     pragma = "quick_check" if quick else "integrity_check"
     rows = db.fetch_all("check", None, f"PRAGMA {pragma}({INTEGRITY_MESSAGES})", ())
-    messages = [str(row[0]) for row in rows]
+    messages = [line for row in rows for line in str(row[0]).splitlines() if line.strip()]
     return [] if messages == ["ok"] else messages
 
 
@@ -80,13 +80,17 @@ def check(db: Database) -> CheckReport:
         ProcessingError: the file cannot be opened or read at all.
     """
     found = Collector()
-    for message in integrity(db):
-        found.add("integrity", None, message)
-    db.read("check", None, _check_rows, found)
+    try:
+        for message in integrity(db):
+            found.add("integrity", None, message)
+    except StoreCorrupt as error:  # so damaged that SQLite's own check stopped: what the rows say still counts
+        found.add("integrity", None, error.message)
+    db.read("check", None, _check_rows, found, snapshot=False)  # its own snapshot: it ends it even on damage
     return found.report()
 
 
 def _check_rows(conn: sqlite3.Connection, found: Collector) -> None:
+    conn.execute("BEGIN")
     try:
         last_token = conn.execute("SELECT last_token FROM store WHERE id = 1").fetchone()
         if last_token is None:
@@ -97,6 +101,9 @@ def _check_rows(conn: sqlite3.Connection, found: Collector) -> None:
         orphans(found, iter(conn.execute(_ORPHANS)))
     except sqlite3.DatabaseError as error:
         found.add("integrity", None, f"reading the rows failed, the check stopped there: {error}")
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")  # it only read
 
 
 def _thread_rows(conn: sqlite3.Connection, row: tuple[object, ...]) -> ThreadRows:
