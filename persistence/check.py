@@ -10,8 +10,8 @@ READ ONLY transaction), hands each thread's rows to :func:`audit_thread` and add
     every checkpoint, pending write, event, effect record and thread metadata decodes, and says it belongs to the
     thread (and place) it is stored under.
 ``events``
-    a thread's events are numbered without a gap, none below its floor (what compaction and retention dropped),
-    the newest one right below its next number.
+    a thread keeps every event from its floor (below it, compaction and retention dropped them) up to the one
+    right below its next number, without a gap.
 ``tokens``
     no token is above the store's token counter; a thread's checkpoints and events carry non-decreasing tokens, none
     above its live claim's; a claim has its holder and expiry.
@@ -214,13 +214,19 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
     previous_seq: int | None = None
     token = None
     low = max(rows.floor, rows.first_seq)
+    def missing(first: int, last: int, why: str) -> None:
+        which = f"event {first} is" if first == last else f"events {first} to {last} are"
+        add("events", tid, f"{which} missing ({why})")
+
     for seq, body in rows.events:
         count += 1
-        if previous_seq is None and seq < low:
-            add("events", tid, f"event {seq} is below the thread's floor {low} (events before it were dropped)")
-        if previous_seq is not None and seq != previous_seq + 1:
-            missing = f"event {seq - 1} is" if seq == previous_seq + 2 else f"events {previous_seq + 1} to {seq - 1} are"
-            add("events", tid, f"{missing} missing (a gap in the numbering)")
+        if previous_seq is None:
+            if seq < low:
+                add("events", tid, f"event {seq} is below the thread's floor {low} (events before it were dropped)")
+            elif seq > low:
+                missing(low, seq - 1, f"the thread's floor is {low}: every event from there on is kept")
+        elif seq != previous_seq + 1:
+            missing(previous_seq + 1, seq - 1, "a gap in the numbering")
         previous_seq = seq
         event = _decoded(found, tid, codec.decode_event, body)
         if event is None:
@@ -229,6 +235,8 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
             add("decode", tid, f"the event stored as {seq} reads as event {event.seq} of {event.thread_id!r}")
         token = check_token(f"event {seq}", event.token, token)
     found.counts["events"] += count
+    if previous_seq is None and rows.next_seq > low:
+        missing(low, rows.next_seq - 1, f"the thread numbered events up to {rows.next_seq - 1}; none is stored")
     if previous_seq is not None and previous_seq != rows.next_seq - 1:
         add(
             "events", tid,

@@ -338,3 +338,24 @@ def test_a_log_without_its_index_in_an_unwritable_directory_is_refused_with_advi
     found = as_nobody(_read_threads(path))
     assert found["error"] == "ProcessingError", found
     assert "copy the file together with its -wal" in found["message"]
+
+
+@needs_root
+def test_root_reading_another_users_store_leaves_no_file_that_locks_its_owner_out(shared_dir: pathlib.Path) -> None:
+    """SQLite makes a WAL file's -wal and -shm as the user who opens it: made by root, the owner could not write."""
+    assert _NOBODY is not None
+    path = shared_dir / "store.db"
+    fill(path, 2)
+    for item in (shared_dir, path):
+        os.chown(item, _NOBODY.pw_uid, _NOBODY.pw_gid)
+    assert sorted(_read_threads(path)()) == ["t-0", "t-1"]  # root reads...
+    result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "check"])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(shared_dir)) == ["store.db"]  # ...and leaves no file behind
+
+    def owner_writes() -> list[str]:
+        with open_store(f"sqlite:///{path}") as store:
+            commit_one(store, "t-2")
+        return _read_threads(path)()
+
+    assert as_nobody(owner_writes) == {"ok": ["t-0", "t-1", "t-2"]}

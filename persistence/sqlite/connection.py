@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from threadloom.domain.clock import Clock
-from threadloom.domain.errors import ProcessingError
+from threadloom.domain.errors import ProcessingError, StoreUnavailable
 from threadloom.persistence.clock import read_clock
 from threadloom.persistence.sqlite.errors import lock_timeout, map_error
 from threadloom.persistence.sqlite.readonly import Access
@@ -58,6 +58,9 @@ log at 4 KiB pages) makes that ten times rarer and lets a page written by many c
 
 MAX_WRITE_BATCH = 32
 """Most writes of one database that share one transaction and one ``COMMIT`` (group commit)."""
+
+IMMUTABLE_READ_ATTEMPTS = 5
+"""How many times a read-only store's snapshot read is tried while writers keep changing the file under it."""
 
 MAX_IDLE_CONNECTIONS = 16
 """How many idle connections a database keeps for reuse; more are opened on demand and closed after use."""
@@ -170,9 +173,9 @@ class Database:
 
     # -- connections ---------------------------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, immutable: bool = False) -> sqlite3.Connection:
         if self.read_only is not None:
-            return connect_read_only(self.path, self.busy_s, immutable=self.read_only.use_immutable(self.path))
+            return connect_read_only(self.path, self.busy_s, immutable=immutable)
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_s,
@@ -244,12 +247,49 @@ class Database:
     ) -> T:
         """Runs ``work(conn, *args)`` in one deferred read transaction (``snapshot=False``: as one statement).
 
+        A read-only store that reads an ``immutable=1`` snapshot (no writer attached: see
+        :mod:`~threadloom.persistence.sqlite.readonly`) keeps a read only if the file did not change under it;
+        else it reads again, through ``mode=ro`` once a writer's ``-wal`` exists.
+
         Raises:
             ProcessingError: a driver error, mapped (``StoreUnavailable``, ``StoreCorrupt``...). What ``work``
                 raises itself passes unchanged.
         """
+        access = self.read_only
+        if access is None or not access.immutable:
+            return self._read_on(self._take, operation, thread_id, work, args, snapshot)
+        for _attempt in range(IMMUTABLE_READ_ATTEMPTS):
+            before = access.stamp(self.path)
+            if before.wal:  # a writer is attached: share its -shm index, as every reader does
+                return self._read_on(self._connect, operation, thread_id, work, args, snapshot)
+            try:
+                result = self._read_on(self._connect_immutable, operation, thread_id, work, args, snapshot)
+            except BaseException:
+                if access.stamp(self.path) == before:
+                    raise
+                continue  # a writer changed the file under the read: what it saw may be torn
+            if access.stamp(self.path) == before:
+                return result
+        raise StoreUnavailable(
+            operation,
+            f"the SQLite file {self.path!r} changed under every read-only read of {IMMUTABLE_READ_ATTEMPTS} (writers "
+            "attach and detach); nothing was written; retry",
+        )
+
+    def _connect_immutable(self) -> sqlite3.Connection:
+        return self._connect(immutable=True)
+
+    def _read_on(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        operation: str,
+        thread_id: str | None,
+        work: Callable[..., T],
+        args: tuple[Any, ...],
+        snapshot: bool,
+    ) -> T:
         try:
-            conn = self._take()
+            conn = connect()
         except sqlite3.Error as error:
             raise self.failure(error, operation, thread_id) from error
         try:
@@ -401,6 +441,7 @@ def _fetch_all(conn: sqlite3.Connection, sql: str, params: Any) -> list[tuple[An
 
 
 __all__ = [
+    "IMMUTABLE_READ_ATTEMPTS",
     "MAX_IDLE_CONNECTIONS",
     "MAX_WRITE_BATCH",
     "SYNCHRONOUS",

@@ -13,9 +13,10 @@ before it opens anything through SQLite's usual path. The probe:
   so it sees every commit and never waits for one. SQLite creates the ``-wal`` and ``-shm`` files of a store
   that has none when the directory allows it (as any reader does); a read-only ``-shm`` (a store owned by another
   user) is read without being written.
-* In a directory the reader cannot write (another user's, or a read-only one) a store with no ``-wal`` cannot
-  have a writer either (a writer needs those files), so it is read ``immutable=1`` (:attr:`Access.immutable`);
-  each new connection looks again, and reads through ``mode=ro`` once a writer has created the files.
+* A reader that does not own the store file must not create them (files of another user would lock the owner's
+  writers out), and in a directory the reader cannot write it cannot: a store with no ``-wal`` then has no writer
+  attached, and each read is an ``immutable=1`` snapshot, kept only if the file did not change meanwhile, else
+  read again (through ``mode=ro`` once a writer's ``-wal`` exists) (:attr:`Access.immutable`).
 * A store whose ``-wal`` holds commits but whose ``-shm`` is gone, in a directory the reader cannot write, cannot
   be read without losing those commits: that is refused, saying how to read it.
 """
@@ -56,19 +57,34 @@ def connect(path: str, busy_s: float, *, immutable: bool) -> sqlite3.Connection:
 
 
 @attrs.frozen
+class Stamp:
+    """What a snapshot read compares before and after: the file's identity, size and time, and whether a ``-wal``
+    exists (a writer is attached)."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+    wal: bool
+
+
+@attrs.frozen
 class Access:
     """How a read-only store reads its file.
 
     Attributes:
-        immutable: the directory cannot be written and the file had no ``-wal``: connections open with
-            ``immutable=1`` while no ``-wal`` exists (no writer can run), ``mode=ro`` once one does.
+        immutable: while no ``-wal`` exists, read ``immutable=1`` snapshots (no lock, no side file), each kept only
+            if the file did not change under it (:meth:`stamp`); ``mode=ro`` while one exists. Chosen when the
+            reader may not (or cannot) create the ``-wal`` and ``-shm`` files: it does not own the store file, or
+            the directory refuses it.
     """
 
     immutable: bool
 
-    def use_immutable(self, path: str) -> bool:
-        """Whether the next connection opens ``immutable=1``: only while no writer has created a ``-wal``."""
-        return self.immutable and not os.path.exists(path + "-wal")
+    @staticmethod
+    def stamp(path: str) -> Stamp:
+        """The file's :class:`Stamp` now."""
+        info = os.stat(path)
+        return Stamp(info.st_ino, info.st_size, info.st_mtime_ns, os.path.exists(path + "-wal"))
 
 
 def _not_a_store(path: str, what: str) -> StoreCorrupt:
@@ -138,6 +154,9 @@ def probe(path: str, busy_s: float, expected: int) -> Access:
         if not os.path.exists(wal):
             # No log: look without locks or side files, so a foreign file is left exactly as it was.
             _check(path, busy_s, expected, immutable=True)
+            if os.stat(path).st_uid != os.geteuid():
+                # -wal and -shm files made by another user than the store's owner would lock its writers out.
+                return Access(immutable=True)
         try:
             _check(path, busy_s, expected, immutable=False)
         except sqlite3.Error as error:
@@ -168,4 +187,4 @@ def _check(path: str, busy_s: float, expected: int, *, immutable: bool) -> None:
         conn.close()
 
 
-__all__ = ["SQLITE_MAGIC", "STORE_TABLES", "Access", "check_schema", "connect", "probe", "uri"]
+__all__ = ["SQLITE_MAGIC", "STORE_TABLES", "Access", "Stamp", "check_schema", "connect", "probe", "uri"]
