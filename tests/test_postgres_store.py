@@ -7,6 +7,7 @@ under CI=true), except the configuration and error-mapping cases, which need no 
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -956,3 +957,41 @@ def test_the_cli_never_creates_a_schema_it_only_reads(harness: PgHarness, comman
     assert result.exit_code == EXIT_FAILED, result.output
     assert f"schema '{missing}' at" in result.output and "is not a threadloom store" in result.output
     assert _schemas(harness.dsn, missing) == set()
+
+
+# -- check: the invariants on a real schema -----------------------------------------------------------------------
+
+
+def test_check_passes_on_a_sound_schema_and_finds_planted_damage(harness: PgHarness) -> None:
+    store = harness.open_pg()
+    for name in ("a", "b", "gone"):
+        token = store.claim(name, ClaimRequest(holder="run-1", ttl=timedelta(minutes=5))).token
+        parent = None
+        for step in range(3):
+            cp = checkpoint(name, f"{name}-{step}", parent)
+            store.commit(name, Commit(token=token, checkpoint=cp, events=[EventDraft(
+                run_id="run-1", type="step", timestamp=NOW)] * 2))
+            parent = cp.id
+        if name == "gone":
+            store.delete_thread(name, token)
+        else:
+            store.release(name, token)
+    store.compact_events("a", 3)
+    report = store.check()
+    assert report.ok, report.problems
+    assert (report.threads, report.checkpoints, report.events) == (3, 6, 10)
+    s = harness.schema
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(f'DELETE FROM "{s}".events WHERE thread_id = \'b\' AND seq = 3')
+        conn.execute(f'UPDATE "{s}".checkpoints SET body = \'{{\' WHERE thread_id = \'a\' AND pos = 1')
+        conn.execute(f'UPDATE "{s}".threads SET latest_id = \'b-0\' WHERE thread_id = \'b\'')
+        conn.execute(f'INSERT INTO "{s}".effects VALUES (\'ghost\', \'k\', \'{{}}\')')
+    found = {(p.check, p.thread_id) for p in store.check().problems}
+    assert found == {("events", "b"), ("decode", "a"), ("registry", "b"), ("orphan", "ghost")}
+
+    from click.testing import CliRunner
+
+    from threadloom.cli.main import EXIT_FAILED, cli
+
+    result = CliRunner().invoke(cli, ["--store", _with_query(harness.dsn, f"schema={s}"), "--json", "check"])
+    assert result.exit_code == EXIT_FAILED and not json.loads(result.stdout)["ok"]
