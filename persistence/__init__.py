@@ -188,10 +188,12 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             file name); ``postgresql://…`` or ``postgres://…`` (needs the ``postgres`` extra; percent-encode
             ``/`` and ``@`` in a user name or password).
         **options: passed to the store's constructor: ``clock`` for memory; ``clock``, ``busy_timeout``,
-            ``synchronous`` for SQLite; ``config`` for PostgreSQL.
+            ``synchronous``, ``read_only`` for SQLite; ``config`` for PostgreSQL (``config.create=False``: never
+            create or migrate the schema).
 
     Returns:
-        The open store (a SQLite file is created and migrated if it does not exist).
+        The open store (a SQLite file is created and migrated if it does not exist; with ``read_only=True``
+        nothing is created, migrated or written, and a file that holds no threadloom store is refused).
 
     Raises:
         ValidationError: ``url`` is not a str, names no known store or is malformed (field ``url``; the message

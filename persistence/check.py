@@ -14,7 +14,7 @@ READ ONLY transaction), hands each thread's rows to :func:`audit_thread` and add
     right below its next number, without a gap.
 ``tokens``
     no token is above the store's token counter; a thread's checkpoints and events carry non-decreasing tokens, none
-    above its live claim's; a claim has its holder and expiry.
+    above its claim's; a claim has its holder and expiry.
 ``registry``
     the thread's row names its newest checkpoint (id and place) and counts its checkpoints and pending writes right.
 ``pending``
@@ -164,7 +164,7 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
         if previous is not None and token < previous:
             add("tokens", tid, f"{what} carries token {token}, below the token {previous} of the one before it")
         if claim is not None and token > claim:
-            add("tokens", tid, f"{what} carries token {token}, above the thread's live claim {claim}")
+            add("tokens", tid, f"{what} carries token {token}, above the token {claim} of the thread's claim")
         return token
 
     count = 0

@@ -61,7 +61,8 @@ def check(db: Database) -> CheckReport:
             orphans(found, iter(cur.fetchall()))
         discard = False
     except Exception as error:
-        raise db.error(error, "check", None, write=False, aborted=None, broken=bool(conn.closed or conn.broken)) from None
+        broken = bool(conn.closed or conn.broken)
+        raise db.error(error, "check", None, write=False, aborted=None, broken=broken) from None
     finally:
         db.give_back(conn, discard=discard, restore=restore)
     return found.report()

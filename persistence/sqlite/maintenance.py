@@ -147,7 +147,9 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
     if not os.path.isdir(os.path.dirname(target)):
         raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
     if os.path.exists(target) and not overwrite:
-        raise ValidationError("dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True; the command's --force)",))
+        raise ValidationError(
+            "dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True, or --force)",)
+        )
     fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".", suffix=".part")
     os.close(fd)
     try:
@@ -166,7 +168,9 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
             try:
                 os.link(partial, target)  # never replaces a file that appeared meanwhile
             except FileExistsError:
-                raise ValidationError("dest", (f"{target!r} appeared while the copy was made; nothing was replaced",)) from None
+                raise ValidationError(
+                    "dest", (f"{target!r} appeared while the copy was made; nothing was replaced",)
+                ) from None
             os.unlink(partial)
         _sync_directory(os.path.dirname(target))
     except BaseException:

@@ -55,9 +55,9 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence import codec
 from threadloom.persistence.base import StoreBase, ask_guard
+from threadloom.persistence.check import CheckReport
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.check import CheckReport
 from threadloom.persistence.sqlite import maintenance, readonly, retention
 from threadloom.persistence.sqlite import schema as sql
 from threadloom.persistence.sqlite.connection import (
