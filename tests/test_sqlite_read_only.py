@@ -359,3 +359,22 @@ def test_root_reading_another_users_store_leaves_no_file_that_locks_its_owner_ou
         return _read_threads(path)()
 
     assert as_nobody(owner_writes) == {"ok": ["t-0", "t-1", "t-2"]}
+
+
+@needs_root
+def test_opening_to_write_in_a_read_only_directory_says_what_to_do(shared_dir: pathlib.Path) -> None:
+    """The advice names the directory and the read-only way in, not "make it writable" for the file."""
+    assert _NOBODY is not None
+    path = shared_dir / "store.db"
+    fill(path, 1)
+    for item in (shared_dir, path):
+        os.chown(item, _NOBODY.pw_uid, _NOBODY.pw_gid)
+    shared_dir.chmod(0o555)
+
+    def open_to_write() -> None:
+        open_store(f"sqlite:///{path}").close()
+
+    found = as_nobody(open_to_write)
+    assert found["error"] == "StoreUnavailable", found
+    assert "directory" in found["message"] and "open it read-only" in found["message"], found
+    assert as_nobody(_read_threads(path)) == {"ok": ["t-0"]}

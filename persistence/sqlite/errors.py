@@ -9,7 +9,8 @@ condition                                     error                    retryable
 the ``COMMIT`` statement itself failed        ``OutcomeUnknown``       yes (fenced)
 the store was closed while the call ran       ``StoreClosed``          no
 busy or locked past ``busy_timeout``          ``StoreUnavailable``     yes
-a read-only file or directory                 ``StoreUnavailable``     yes
+a read-only file                              ``StoreUnavailable``     yes
+a directory that cannot be written            ``StoreUnavailable``     yes
 disk full, disk I/O error (rolled back)       ``StoreUnavailable``     yes
 the file cannot be opened or created          ``StoreUnavailable``     yes
 not a database, a damaged file                ``StoreCorrupt``         no
@@ -18,7 +19,8 @@ anything else (interrupted, a constraint...)  ``ProcessingError``      no
 
 Every write runs in one transaction that ends with ``COMMIT``; a failure before it rolled the whole transaction
 back, so only a failure of the ``COMMIT`` itself can leave the outcome unknown. Each message names the file and the
-thread (or "the store") and says what to do.
+thread (or "the store") and says what to do; for a directory that cannot be written, that a read-only open reads
+the store there.
 """
 
 from __future__ import annotations

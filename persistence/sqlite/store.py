@@ -145,7 +145,7 @@ class SqliteCheckpointer(StoreBase):
         """Opens (creating and migrating as needed) the store in the SQLite file at ``path``.
 
         Any number of stores and processes may open one file, a new one included, at the same time.
-        With ``read_only=True`` nothing is created, migrated or written (README "Which commands only read").
+        With ``read_only=True`` nothing is created, migrated or written (README: "The `threadloom` command").
 
         Args:
             path: the database file (str or path-like); its directory must exist. Relative paths are resolved
