@@ -5,12 +5,13 @@ Import direction: ``actors`` imports ``domain`` and ``persistence``, never the o
 
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runs import RunHandle, RunKind
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, SequentialIds, ThreadScheduler
 from threadloom.actors.serve import Server
 from threadloom.actors.subscription import Subscription
 from threadloom.actors.supervisor import Supervisor
-from threadloom.actors.thread_actor import RunHandle, RunKind, ThreadActor
+from threadloom.actors.thread_actor import ThreadActor
 
 __all__ = [
     "ClaimPolicy",

@@ -15,7 +15,7 @@ import attrs
 from threadloom.actors._failures import error_kind, is_fatal, store_closed
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
-from threadloom.actors.thread_actor import RunEnv
+from threadloom.actors.runs import RunEnv
 from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
 from threadloom.domain.rules import DELETING_KEY
 from threadloom.domain.values import ClaimRequest, Commit

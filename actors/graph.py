@@ -31,7 +31,7 @@ from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft
 
 if TYPE_CHECKING:
-    from threadloom.actors.thread_actor import RunHandle
+    from threadloom.actors.runs import RunHandle
 
 NEXT_KEY = "threadloom.next"
 """Checkpoint metadata key: the node a run continues at ("" once the run ended)."""

@@ -26,11 +26,11 @@ from threadloom.actors.cascade import CascadeDelete
 from threadloom.actors.graph import STEP_KEY, Graph, NodeContext, RunOutcome
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
 from threadloom.actors.serve import QueueWorker, Server
 from threadloom.actors.subscription import Subscription, check_tenant
 from threadloom.actors.supervisor import Drain, LiveRuns, Spawn, Supervisor, SweepOnce
-from threadloom.actors.thread_actor import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (

@@ -32,8 +32,8 @@ from threadloom.actors.graph import ERROR_KEY, Graph
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ServePolicy
+from threadloom.actors.runs import RunHandle, RunKind
 from threadloom.actors.scheduler import Task
-from threadloom.actors.thread_actor import RunHandle, RunKind
 from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,

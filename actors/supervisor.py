@@ -23,8 +23,9 @@ from threadloom.actors._failures import error_kind, is_fatal
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import SweepSchedule
+from threadloom.actors.runs import RunEnv, RunHandle, RunSpec
 from threadloom.actors.scheduler import Cancellable
-from threadloom.actors.thread_actor import BEGIN, RunEnv, RunHandle, RunSpec, ThreadActor
+from threadloom.actors.thread_actor import BEGIN, ThreadActor
 from threadloom.domain.errors import ProcessingError
 from threadloom.domain.values import SweepPage, SweepPolicy
 from threadloom.persistence.queue import RunQueue

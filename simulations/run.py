@@ -31,9 +31,9 @@ import structlog
 
 from threadloom.actors.graph import Graph, NodeContext, Step
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runs import RunHandle
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import SequentialIds
-from threadloom.actors.thread_actor import RunHandle
 from threadloom.domain.errors import ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
