@@ -18,7 +18,7 @@ from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.clock import read_clock
-from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
+from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
 if TYPE_CHECKING:
     from threadloom.persistence.memory.store import InMemoryCheckpointer
@@ -60,7 +60,7 @@ class _EntryRow:
         )
 
 
-class InMemoryRunQueue(RunQueue):
+class InMemoryRunQueue(QueueBase):
     """The run queue of one :class:`InMemoryCheckpointer` (``store.queue``); built by the store itself.
 
     Args:
