@@ -1,4 +1,4 @@
-"""The actor runtime (DESIGN §5): ``GraphRuntime`` over pykka actors — thread actors, supervisor, subscriptions.
+"""The actor runtime: ``GraphRuntime`` over pykka actors — thread actors, supervisor, subscriptions.
 
 Import direction: ``actors`` imports ``domain`` and ``persistence``, never the other way round.
 """

@@ -24,7 +24,7 @@ from threadloom.persistence.base import Checkpointer
 
 
 class RunKind(enum.Enum):
-    """What a run does with the thread's latest checkpoint (DESIGN §5)."""
+    """What a run does with the thread's latest checkpoint."""
 
     START = "start"
     """Admit the input on a new thread, or as a new turn of a settled one."""

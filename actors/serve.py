@@ -1,4 +1,4 @@
-"""The run-queue worker of ``GraphRuntime.serve`` (DESIGN §4; seeds 000 "lookupRun", Stage 5 rule 4).
+"""The run-queue worker of ``GraphRuntime.serve``.
 
 Each worker loops: lease the oldest leasable entry of the graphs it serves, record the attempt's RunId on the
 entry, ask ``lookup_run`` whether an earlier attempt's input was admitted (then recover the thread, or finish the
@@ -109,7 +109,7 @@ class _StopWorker(Exception):
 
 
 class QueueWorker:
-    """One worker loop over the run queue (plain methods; DESIGN §7).
+    """One worker loop over the run queue (plain methods).
 
     Args:
         runtime: the runtime that runs the entries.

@@ -1,12 +1,12 @@
-"""``ThreadActor``: one per thread with a live run in this runtime (DESIGN §5).
+"""``ThreadActor``: one per thread with a live run in this runtime.
 
 It claims the thread, commits each superstep (checkpoint + events + effect records) fenced by the claim's token,
 renews the claim every ``renew_every`` on a timer outside the actor that ``tell``s it, stops the run at its next
 step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. Its mailbox serializes the
 thread's claims and commits inside the process; the token serializes them across processes.
 
-The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly
-(DESIGN §7); :class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
+The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly;
+:class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
 (as tasks of the runtime's :class:`~threadloom.actors.scheduler.Scheduler`) and come back as ``_NodeDone``
 messages, so renewals are never stuck behind a long node. The actor never asks itself or waits on a future of
 its own.
@@ -110,7 +110,7 @@ class _PendingCommit:
 
 
 class ThreadRun:
-    """The logic of one run on one thread: plain methods, each called on the actor's thread (DESIGN §5, §7).
+    """The logic of one run on one thread: plain methods, each called on the actor's thread.
 
     Args:
         spec: what the run is asked to do.
@@ -479,7 +479,7 @@ class ThreadRun:
         if message.error is not None and is_transient(message.error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
-            # the node again (DESIGN §5; found by the simulation, DESIGN §7).
+            # the node again (found by the simulation).
             self._log.warning(
                 "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
             )

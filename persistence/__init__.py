@@ -1,4 +1,4 @@
-"""The ``Checkpointer`` contract and its stores (DESIGN §3)."""
+"""The ``Checkpointer`` contract and its stores."""
 
 from __future__ import annotations
 

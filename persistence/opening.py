@@ -55,7 +55,7 @@ def _take_options(store: str, factory: Callable[..., Any], options: dict[str, An
 
 
 def open_store(url: str, **options: Any) -> Checkpointer:
-    """Builds a store from a URL (DESIGN §3).
+    """Builds a store from a URL.
 
     Args:
         url: ``memory://``; ``sqlite:///relative/or//absolute/path.db`` (``sqlite://`` alone: ``threadloom.db``

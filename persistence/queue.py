@@ -1,4 +1,4 @@
-"""The ``RunQueue`` contract: the durable run queue every store holds (DESIGN §4; seeds 000 "lookupRun").
+"""The ``RunQueue`` contract: the durable run queue every store holds.
 
 A store exposes its queue as ``store.queue``, declared on :class:`~threadloom.persistence.base.Checkpointer`
 (None for a store without one; a wrapper shows its inner store's): a :class:`RunQueue` over the same storage,
@@ -27,7 +27,7 @@ The rules every queue shares:
    the RunIds the entry recorded, asks ``Checkpointer.lookup_run`` whether an earlier attempt's input was
    admitted: then it recovers instead of admitting the input twice.
 4. **Retention.** While an entry is open, the store's ``prune`` and ``sweep`` keep the newest checkpoint each run
-   it recorded committed, whatever the policy or sweep guard says (seeds 000: lookupRun, sweep).
+   it recorded committed, whatever the policy or sweep guard says.
 5. **Bounds.** Every call touches a bounded number of rows through an index; lists are paged.
 """
 
@@ -61,7 +61,7 @@ def _thread_ids(field: str, value: Any) -> tuple[str, ...]:
 
 
 class RunQueue(abc.ABC):
-    """The durable run queue of one storage (DESIGN §4). Safe to call from any number of threads.
+    """The durable run queue of one storage. Safe to call from any number of threads.
 
     A store builds it over its own storage and exposes it as ``store.queue``; it is closed with its store.
     Concrete queues subclass :class:`QueueBase`, wrappers
@@ -83,11 +83,11 @@ class RunQueue(abc.ABC):
         thread_id: str,
         *,
         graph_id: str,
-        input: Any = None,  # noqa: A002 - the run's input, as DESIGN §4 names it
+        input: Any = None,  # noqa: A002 - the run's input, the public name
         tenant_id: str | None = None,
         delay: timedelta = timedelta(0),
     ) -> QueueEntry:
-        """Adds an open entry asking for a run of ``graph_id`` on ``thread_id`` with ``input`` (DESIGN §4).
+        """Adds an open entry asking for a run of ``graph_id`` on ``thread_id`` with ``input``.
 
         Args:
             thread_id: the thread to run on (it need not exist yet).
@@ -140,7 +140,7 @@ class RunQueue(abc.ABC):
     def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
         """Records ``run_id`` as attempt ``attempt``'s run on the entry, before the attempt touches the thread.
 
-        Source: DESIGN §4 ("record each attempt's RunId on the entry"). Recording the same RunId twice keeps
+        Recording the same RunId twice keeps
         one. The entry's ``run_ids`` then protect that run's newest checkpoint from retention while it is open.
 
         Returns:
@@ -197,7 +197,7 @@ class RunQueue(abc.ABC):
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
         """The RunIds the open entries of each of ``thread_ids`` (at most 1000) recorded.
 
-        Source: seeds 000 "sweep" (the runs an open entry protects). A thread without an open entry that
+        These are the runs an open entry protects from retention. A thread without an open entry that
         recorded a run is absent from the mapping.
         """
 
@@ -234,7 +234,7 @@ class QueueBase(RunQueue):
         thread_id: str,
         *,
         graph_id: str,
-        input: Any = None,  # noqa: A002 - the run's input, as DESIGN §4 names it
+        input: Any = None,  # noqa: A002 - the run's input, the public name
         tenant_id: str | None = None,
         delay: timedelta = timedelta(0),
     ) -> QueueEntry:

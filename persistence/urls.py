@@ -65,7 +65,7 @@ def _secret_spans(url: str) -> list[tuple[int, int]]:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with every password replaced by ``***``, for logs and error messages (DESIGN §3).
+    """``url`` with every password replaced by ``***``, for logs and error messages.
 
     Covers ``user:password@`` (a password may hold ``/ ? # @``), ``password=`` query parameters and libpq
     ``key=value`` strings, and works on text no URL parser accepts (``postgresql://u:pw@[::1``). Where the text

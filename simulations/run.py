@@ -1,4 +1,4 @@
-"""One simulated seed, end to end: the swarm of faults, the workload, the checks, the verdict (DESIGN §7).
+"""One simulated seed, end to end: the swarm of faults, the workload, the checks, the verdict.
 
 A seed decides everything: how many nodes (runtimes, each a simulated process with its own clock and store
 connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about

@@ -2,7 +2,7 @@
 
 :class:`SimStore` wraps the real store a node uses (a shared in-memory store, or the node's own SQLite store
 over the shared file). Each call first yields to the world (a round trip: the other tasks may run meanwhile),
-then may suffer the faults the seed chose (DESIGN §7): a write that fails *before* it reached the storage, or
+then may suffer the faults the seed chose: a write that fails *before* it reached the storage, or
 one that applied but whose reply was lost — both reach the caller as ``OutcomeUnknown`` — or a slow call. What
 really happened is reported to the :class:`~threadloom.simulations.checkers.Oracle`, which checks it at once.
 """

@@ -1,4 +1,4 @@
-"""``InMemoryRunQueue``: the reference run queue (DESIGN §4), inside an :class:`InMemoryCheckpointer`.
+"""``InMemoryRunQueue``: the reference run queue, inside an :class:`InMemoryCheckpointer`.
 
 It shares the store's lock, clock and closed state, so a lease, a commit and a prune see one state, and the
 store's ``prune`` and ``sweep`` ask :meth:`InMemoryRunQueue.protected_runs` (lock held) which runs open entries
