@@ -68,7 +68,7 @@ _EXPORTS: dict[str, str] = {
     "RandomIds": "threadloom.actors.scheduler",
     "SequentialIds": "threadloom.actors.scheduler",
     "Subscription": "threadloom.actors.subscription",
-    "RunHandle": "threadloom.actors.thread_actor",
+    "RunHandle": "threadloom.actors.runs",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -90,10 +90,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the names as a type checker sees them
     from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
     from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+    from threadloom.actors.runs import RunHandle
     from threadloom.actors.runtime import GraphRuntime
     from threadloom.actors.scheduler import IdFactory, RandomIds, SequentialIds
     from threadloom.actors.subscription import Subscription
-    from threadloom.actors.thread_actor import RunHandle
     from threadloom.domain.clock import Clock, ManualClock
     from threadloom.domain.errors import (
         CancelledError,

@@ -1,4 +1,4 @@
-"""The cascade delete of ``GraphRuntime.delete_thread`` (DESIGN §5; seeds 000 "deleteThread", "The fence").
+"""The cascade delete of ``GraphRuntime.delete_thread``.
 
 The root is claimed (so a live run in any runtime refuses the delete, naming its holder to the same tenant),
 its tenant checked under the claim, and marked with a fenced metadata commit ``{"threadloom.deleting": "true"}``
@@ -15,7 +15,7 @@ import attrs
 from threadloom.actors._failures import error_kind, is_fatal, store_closed
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
-from threadloom.actors.thread_actor import RunEnv
+from threadloom.actors.runs import RunEnv
 from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
 from threadloom.domain.rules import DELETING_KEY
 from threadloom.domain.values import ClaimRequest, Commit
@@ -29,7 +29,7 @@ class _Held:
 
 
 class CascadeDelete:
-    """One cascade delete, run on the caller's thread (plain methods; DESIGN §7).
+    """One cascade delete, run on the caller's thread (plain methods).
 
     Args:
         env: the runtime's environment.

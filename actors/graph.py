@@ -1,4 +1,4 @@
-"""Graphs in plain Python (DESIGN §5): named nodes, each ``node(state, ctx) -> Step``.
+"""Graphs in plain Python: named nodes, each ``node(state, ctx) -> Step``.
 
 One node execution is one superstep and one commit: the run commits the node's new state, the next node to
 run (in the checkpoint's metadata, so a recovered run continues there), the events the node emitted and the
@@ -31,7 +31,7 @@ from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft
 
 if TYPE_CHECKING:
-    from threadloom.actors.thread_actor import RunHandle
+    from threadloom.actors.runs import RunHandle
 
 NEXT_KEY = "threadloom.next"
 """Checkpoint metadata key: the node a run continues at ("" once the run ended)."""
@@ -136,7 +136,7 @@ Node = Callable[[Any, "NodeContext"], Step]
 """A graph node: ``node(state, ctx) -> Step``. It runs off the actor's thread; it may block."""
 
 
-def merge_input(state: Any, input: Any) -> Any:  # noqa: A002 - DESIGN's word
+def merge_input(state: Any, input: Any) -> Any:  # noqa: A002 - the public name
     """The default way a run's input enters the state: the input alone for a new thread; two dicts merge
     (the input's keys win); otherwise the input replaces the state. ``None`` input keeps the state."""
     if state is None:
@@ -149,7 +149,7 @@ def merge_input(state: Any, input: Any) -> Any:  # noqa: A002 - DESIGN's word
 
 
 class Graph:
-    """A graph of named nodes (DESIGN §5).
+    """A graph of named nodes.
 
     Args:
         graph_id: the kind of graph (stored as each checkpoint's ``graph_id``; ``serve`` finds it by this id).
@@ -262,7 +262,7 @@ class NodeContext:
         )
 
     def effect(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Runs ``fn()`` once per ``key`` on this thread, across crashes and takeovers (DESIGN §5).
+        """Runs ``fn()`` once per ``key`` on this thread, across crashes and takeovers.
 
         If the thread holds an effect record under ``key`` (a step that called it committed, in this run or an
         earlier one), its recorded result is returned and ``fn`` is not called. Otherwise ``fn`` runs and its
@@ -295,7 +295,7 @@ class NodeContext:
         return result
 
     def spawn(self, thread_id: str, graph: Graph, input: Any = None) -> RunHandle:  # noqa: A002
-        """Starts a child run of ``graph`` on child thread ``thread_id``, for this run's tenant (DESIGN §5).
+        """Starts a child run of ``graph`` on child thread ``thread_id``, for this run's tenant.
 
         Runs on the thread that runs this node (it blocks this node only). The child's checkpoints carry
         ``CheckpointOrigin(parent_thread=this thread, parent_checkpoint=the checkpoint this step started from,
@@ -318,7 +318,7 @@ class NodeContext:
         resume of a suspended one) — a child this step left SUSPENDED or FAILED included.
 
         The child run's first commit (its admission, or the note of its recovery) is fenced by this run's claim
-        on this thread (``Commit.fence``, seeds 003): a run that lost its thread — to a takeover, or to a delete
+        on this thread (``Commit.fence``): a run that lost its thread — to a takeover, or to a delete
         — cannot start or take up a child, and leaves no child thread behind for its successor to trip over.
 
         So a node may spawn and wait for a child and still execute again after a crash. The usual pattern also

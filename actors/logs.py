@@ -1,4 +1,4 @@
-"""The runtime's log helpers (DESIGN §6): one structlog logger, never configured here (the CLI configures it).
+"""The runtime's log helpers: one structlog logger, never configured here (the CLI configures it).
 
 Every line is a stable event name plus bound keys: ``thread_id``, ``run_id``, ``token``, ``tenant_id``,
 ``node_id`` (the runtime's node, as ``GraphRuntime(node_id=…)``; the graph node is ``graph_node``), ``op`` (the

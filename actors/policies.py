@@ -1,4 +1,4 @@
-"""The runtime's policies (DESIGN §5): claims, subscription watches, the queue worker and the sweep schedule.
+"""The runtime's policies: claims, subscription watches, the queue worker and the sweep schedule.
 
 Frozen attrs values that validate on construction (``ValidationError`` naming the field). Durations are
 ``timedelta``; every time they measure is read from the runtime's ``Clock`` (the store's clock decides expiry).
@@ -22,7 +22,7 @@ def _positive(field: str):
 
 @attrs.frozen(kw_only=True)
 class ClaimPolicy:
-    """How a run holds its thread (DESIGN §5): claimed for ``ttl``, renewed every ``renew_every``.
+    """How a run holds its thread: claimed for ``ttl``, renewed every ``renew_every``.
 
     A run whose process dies stops renewing; its claim expires ``ttl`` after the last renewal, by the store's
     clock, and another runtime may then recover the thread.
@@ -48,7 +48,7 @@ class ClaimPolicy:
 
 @attrs.frozen(kw_only=True)
 class WatchPolicy:
-    """How a subscription watches for new events after its replay (DESIGN §5).
+    """How a subscription watches for new events after its replay.
 
     Attributes:
         enabled: watch after the replay (default); False ends the subscription once the replay is delivered.
@@ -69,7 +69,7 @@ def _opt_attempts(_inst: Any, _attr: Any, value: Any) -> None:
 
 @attrs.frozen(kw_only=True)
 class ServePolicy:
-    """How ``GraphRuntime.serve`` works the run queue (DESIGN §4).
+    """How ``GraphRuntime.serve`` works the run queue.
 
     Attributes:
         lease_ttl: how long a lease lives without renewal (> 0; default 30 s), by the store's clock.
@@ -98,7 +98,7 @@ class ServePolicy:
 
 @attrs.frozen(kw_only=True)
 class SweepSchedule:
-    """The supervisor's periodic retention sweep (DESIGN §5): a full pass with ``policy`` every ``every``.
+    """The supervisor's periodic retention sweep: a full pass with ``policy`` every ``every``.
 
     Attributes:
         policy: the sweep policy (retention, page size, tombstone age).

@@ -1,4 +1,4 @@
-"""``GraphRuntime``: the facade an agent host embeds (DESIGN §5).
+"""``GraphRuntime``: the facade an agent host embeds.
 
 It runs graphs on threads for tenants — ``start``, ``recover``, ``resume`` → :class:`RunHandle` — through a
 :class:`~threadloom.actors.supervisor.Supervisor` and one :class:`~threadloom.actors.thread_actor.ThreadActor`
@@ -26,11 +26,11 @@ from threadloom.actors.cascade import CascadeDelete
 from threadloom.actors.graph import STEP_KEY, Graph, NodeContext, RunOutcome
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
 from threadloom.actors.serve import QueueWorker, Server
 from threadloom.actors.subscription import Subscription, check_tenant
 from threadloom.actors.supervisor import Drain, LiveRuns, Spawn, Supervisor, SweepOnce
-from threadloom.actors.thread_actor import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
@@ -78,7 +78,7 @@ def _instance(field: str, value: Any, kind: type) -> Any:
 
 
 class GraphRuntime:
-    """Runs graphs on durable, fenced threads (DESIGN §5).
+    """Runs graphs on durable, fenced threads.
 
     Args:
         store: the store (shared with other runtimes and processes as it allows). The runtime never closes it.
@@ -227,7 +227,7 @@ class GraphRuntime:
         A new thread starts at the graph's entry with ``graph.merge(None, input)``; a settled thread (latest
         COMPLETED or FAILED) starts a new turn from its state. The input is *admitted* by the run's first commit
         (a RUNNING checkpoint at step 0 with the next node in its metadata, and a ``threadloom.run_started``
-        event); each node then commits one checkpoint. Source: DESIGN §5.
+        event); each node then commits one checkpoint.
 
         Args:
             thread_id: the thread (created by the first commit if new).
@@ -255,7 +255,7 @@ class GraphRuntime:
     def recover(
         self, thread_id: str, graph: Graph, tenant_id: str | None = None, *, run_id: str | None = None
     ) -> RunHandle:
-        """Continues the thread's incomplete run at the node its latest checkpoint names (DESIGN §5).
+        """Continues the thread's incomplete run at the node its latest checkpoint names.
 
         For a thread whose run crashed, was cancelled or whose runtime closed (latest checkpoint RUNNING, no
         live claim): a new run claims it — taking over an expired claim — and goes on from the latest
@@ -280,7 +280,7 @@ class GraphRuntime:
         *,
         run_id: str | None = None,  # noqa: A002
     ) -> RunHandle:
-        """Resumes a SUSPENDED thread with ``input`` at the node its suspending step named (DESIGN §5).
+        """Resumes a SUSPENDED thread with ``input`` at the node its suspending step named.
 
         The state becomes ``graph.merge(state, input)``, admitted by a step-0 checkpoint as :meth:`start` does.
 
@@ -291,7 +291,7 @@ class GraphRuntime:
         return self._run(RunKind.RESUME, thread_id, graph, input, tenant_id, run_id=run_id)
 
     def _start_child(self, thread_id: str, graph: Graph, input: Any, ctx: NodeContext) -> RunHandle:  # noqa: A002
-        """``ctx.spawn``: starts a child run, or takes up the child this same step spawned before (DESIGN §5).
+        """``ctx.spawn``: starts a child run, or takes up the child this same step spawned before.
 
         Runs on the thread that runs the parent's node (never an actor's thread); it blocks only that node. It
         looks at the child's latest checkpoint first: COMPLETED by this step's child → its outcome, nothing run;
@@ -406,7 +406,7 @@ class GraphRuntime:
     # -- events -----------------------------------------------------------------------------------------------
 
     def subscribe(self, thread_id: str, after_seq: int = 0, *, tenant_id: str | None = None) -> Subscription:
-        """The thread's events with ``seq > after_seq``: replayed, then watched (DESIGN §5).
+        """The thread's events with ``seq > after_seq``: replayed, then watched.
 
         Every event is delivered once, in order, without gap, whichever runtime or process committed it; to go
         on after a restart, subscribe again with the last ``seq`` handled. A subscription made before the
@@ -460,7 +460,7 @@ class GraphRuntime:
         return self._check_tenant(thread_id, tenant_id)
 
     def delete_thread(self, thread_id: str, tenant_id: str | None = None) -> list[str]:
-        """Deletes the thread and all its descendants, each delete fenced by the root's claim (DESIGN §5).
+        """Deletes the thread and all its descendants, each delete fenced by the root's claim.
 
         The root is claimed first (a live run in any runtime refuses the delete), its tenant checked, and marked
         ``{"threadloom.deleting": "true"}`` by a fenced metadata commit: the registry reports it ``DELETED`` and
@@ -487,7 +487,7 @@ class GraphRuntime:
     ) -> list[str]:
         """Up to ``limit`` (1..1000) direct children of the thread, oldest first, after child ``after``.
 
-        Source: seeds 000 "children" (the runtime checks the parent's tenant).
+        The runtime checks the parent's tenant.
 
         Raises:
             TenantMismatch: the parent is another tenant's.
@@ -500,7 +500,7 @@ class GraphRuntime:
         return self.store.children(thread_id, limit=limit, after=after)
 
     def threads(self, query: ThreadQuery) -> ThreadPage:
-        """A page of ``query.tenant_id``'s root threads, newest first (seeds 000 "threads"): only that tenant's."""
+        """A page of ``query.tenant_id``'s root threads, newest first: only that tenant's."""
         _instance("query", query, ThreadQuery)
         self._ensure_open("threads")
         return self.store.threads(query)
@@ -508,7 +508,7 @@ class GraphRuntime:
     def incomplete(
         self, tenant_id: str | None = None, *, limit: int = 50, after: ThreadCursor | None = None
     ) -> ThreadPage:
-        """The tenant's incomplete root threads (IDLE), oldest first (seeds 000 "incomplete"); only that tenant's.
+        """The tenant's incomplete root threads (IDLE), oldest first; only that tenant's.
 
         A thread whose cascade delete began is not listed. For operators: a queue entry, not this list, says
         which run should run again.
@@ -519,7 +519,7 @@ class GraphRuntime:
     # -- retention --------------------------------------------------------------------------------------------
 
     def sweep(self, policy: SweepPolicy) -> list[SweepPage]:
-        """One whole retention pass over the store, page by page, through the supervisor (DESIGN §5).
+        """One whole retention pass over the store, page by page, through the supervisor.
 
         Its guard protects the newest checkpoint of every run live in this runtime and of every run an open
         queue entry names. Logs ``sweep.page`` per page and ``tombstone.reclaimed`` per reclaimed tombstone.
@@ -557,7 +557,7 @@ class GraphRuntime:
         """Adds a run-queue entry: a run of ``graph_id`` on ``thread_id`` with ``input`` for ``tenant_id``.
 
         A worker (``serve``) admits the input once — a start, or a resume of a suspended thread — and runs it
-        to its end, recovering it across worker crashes (DESIGN §4).
+        to its end, recovering it across worker crashes.
         """
         self._ensure_open("enqueue")
         return self._queue("enqueue").enqueue(
@@ -572,7 +572,7 @@ class GraphRuntime:
         policy: ServePolicy | None = None,
         block: bool = True,
     ) -> Server:
-        """Works the store's run queue with ``concurrency`` workers until stopped (DESIGN §4).
+        """Works the store's run queue with ``concurrency`` workers until stopped.
 
         Each worker leases an entry of one of ``graphs``, records its attempt's RunId, asks ``lookup_run``
         whether an earlier attempt admitted the input (then recovers, or finishes the entry), else admits it;
@@ -644,7 +644,7 @@ class GraphRuntime:
         return self._closed
 
     def close(self) -> None:
-        """Stops everything this runtime runs and releases every claim it holds (DESIGN §5).
+        """Stops everything this runtime runs and releases every claim it holds.
 
         In order: the queue workers are told to stop; subscriptions are cancelled; every live run is cancelled
         at its next step boundary (its node in flight finishes and is committed; the thread stays incomplete

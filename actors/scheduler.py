@@ -1,4 +1,4 @@
-"""Time, ids and the runtime's own threads, behind small interfaces a simulation can replace (DESIGN §5, §7).
+"""Time, ids and the runtime's own threads, behind small interfaces a simulation can replace.
 
 The actors never read the wall clock, sleep, start threads or make random ids themselves: a
 :class:`Scheduler` runs their timers, background tasks (node executions, subscription watches, queue workers)
@@ -218,7 +218,7 @@ class ThreadScheduler(Scheduler):
 
 
 class IdFactory(Protocol):
-    """Makes the runtime's ids (DESIGN §5, §7): injectable so a simulation's ids are deterministic."""
+    """Makes the runtime's ids: injectable so a simulation's ids are deterministic."""
 
     def run_id(self, node_id: str) -> str:
         """A new RunId for a run (or a delete) started by runtime ``node_id``; never repeated."""

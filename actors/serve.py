@@ -1,4 +1,4 @@
-"""The run-queue worker of ``GraphRuntime.serve`` (DESIGN §4; seeds 000 "lookupRun", Stage 5 rule 4).
+"""The run-queue worker of ``GraphRuntime.serve``.
 
 Each worker loops: lease the oldest leasable entry of the graphs it serves, record the attempt's RunId on the
 entry, ask ``lookup_run`` whether an earlier attempt's input was admitted (then recover the thread, or finish the
@@ -32,8 +32,8 @@ from threadloom.actors.graph import ERROR_KEY, Graph
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ServePolicy
+from threadloom.actors.runs import RunHandle, RunKind
 from threadloom.actors.scheduler import Task
-from threadloom.actors.thread_actor import RunHandle, RunKind
 from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,
@@ -109,7 +109,7 @@ class _StopWorker(Exception):
 
 
 class QueueWorker:
-    """One worker loop over the run queue (plain methods; DESIGN §7).
+    """One worker loop over the run queue (plain methods).
 
     Args:
         runtime: the runtime that runs the entries.

@@ -1,4 +1,4 @@
-"""``Subscription``: a thread's events, once each, in order, without gap (DESIGN §5; seeds 000 awaitEventsAfter).
+"""``Subscription``: a thread's events, once each, in order, without gap.
 
 A subscription replays the log with ``events_after`` pages from ``after_seq``, then watches it with
 ``await_events_after`` on a task of its own (a thread by default), each call from the last event it queued, so it
@@ -32,7 +32,7 @@ PAGE = 500
 
 
 class Subscription:
-    """A live view of one thread's event log (DESIGN §5). Made by ``GraphRuntime.subscribe``.
+    """A live view of one thread's event log. Made by ``GraphRuntime.subscribe``.
 
     Iterate it (blocking) or call :meth:`get`; :meth:`cancel` ends it at once. Events are delivered in ``seq``
     order, each once; nothing is delivered after :meth:`cancel`. A subscription whose watch is disabled ends once

@@ -1,4 +1,4 @@
-"""``Supervisor``: the registry of a runtime's thread actors and its retention sweep (DESIGN §5).
+"""``Supervisor``: the registry of a runtime's thread actors and its retention sweep.
 
 It spawns a :class:`~threadloom.actors.thread_actor.ThreadActor` per run and keeps its reference (never a
 global registry lookup), forgets it when the run ends, restarts nothing blindly (a crashed run is recovered
@@ -7,7 +7,7 @@ runs of live actors and of open queue entries), and answers registry queries. It
 thread actors only ``tell`` it, so neither waits on the other.
 
 The registry and the sweep are plain methods of :class:`Registry` and :class:`Supervisor` that a
-deterministic scheduler can call directly (DESIGN §7).
+deterministic scheduler can call directly.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from threadloom.actors._failures import error_kind, is_fatal
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import SweepSchedule
+from threadloom.actors.runs import RunEnv, RunHandle, RunSpec
 from threadloom.actors.scheduler import Cancellable
-from threadloom.actors.thread_actor import BEGIN, RunEnv, RunHandle, RunSpec, ThreadActor
+from threadloom.actors.thread_actor import BEGIN, ThreadActor
 from threadloom.domain.errors import ProcessingError
 from threadloom.domain.values import SweepPage, SweepPolicy
 from threadloom.persistence.queue import RunQueue
@@ -72,7 +73,7 @@ class Registry:
 
 
 class RuntimeGuard:
-    """The sweep guard of a runtime (seeds 000 "sweep"): protects the runs of live actors and of open entries.
+    """The sweep guard of a runtime: protects the runs of live actors and of open entries.
 
     Called by the store's ``sweep`` on the supervisor's thread (the store asks it outside its write lock).
     """
@@ -131,7 +132,7 @@ class _SweepTick:
 
 
 class Supervisor(pykka.ThreadingActor):
-    """The registry of a runtime's thread actors and its periodic sweep (DESIGN §5).
+    """The registry of a runtime's thread actors and its periodic sweep.
 
     Args:
         env: the runtime's environment (store, clock, scheduler, ids, policy).

@@ -1,12 +1,12 @@
-"""``ThreadActor``: one per thread with a live run in this runtime (DESIGN §5).
+"""``ThreadActor``: one per thread with a live run in this runtime.
 
 It claims the thread, commits each superstep (checkpoint + events + effect records) fenced by the claim's token,
 renews the claim every ``renew_every`` on a timer outside the actor that ``tell``s it, stops the run at its next
 step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. Its mailbox serializes the
 thread's claims and commits inside the process; the token serializes them across processes.
 
-The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly
-(DESIGN §7); :class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
+The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly;
+:class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
 (as tasks of the runtime's :class:`~threadloom.actors.scheduler.Scheduler`) and come back as ``_NodeDone``
 messages, so renewals are never stuck behind a long node. The actor never asks itself or waits on a future of
 its own.
@@ -14,17 +14,16 @@ its own.
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
-import enum
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import attrs
 import pykka
 
+from threadloom.actors import admission
 from threadloom.actors import graph as g
 from threadloom.actors._failures import (
     can_repeat,
@@ -35,20 +34,18 @@ from threadloom.actors._failures import (
     retry_pause,
     store_closed,
 )
-from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step
+from threadloom.actors.admission import Plan
+from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
-from threadloom.actors.policies import ClaimPolicy
-from threadloom.actors.scheduler import Cancellable, IdFactory, Scheduler
-from threadloom.domain.clock import Clock
+from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
+from threadloom.actors.scheduler import Cancellable
 from threadloom.domain.errors import (
     CancelledError,
-    InvalidRunState,
     OutcomeUnknown,
     RunFailed,
     StaleClaim,
-    TenantMismatch,
     ThreadBusy,
     ThreadloomError,
     ValidationError,
@@ -60,180 +57,8 @@ from threadloom.domain.values import (
     ClaimRequest,
     Commit,
     EventDraft,
-    RunClaim,
     StoredCheckpoint,
 )
-from threadloom.persistence.base import Checkpointer
-
-
-class RunKind(enum.Enum):
-    """What a run does with the thread's latest checkpoint (DESIGN §5)."""
-
-    START = "start"
-    """Admit the input on a new thread, or as a new turn of a settled one."""
-    RESUME = "resume"
-    """Admit the input into a SUSPENDED thread and continue at its next node."""
-    RECOVER = "recover"
-    """Continue an incomplete (RUNNING) thread at its next node, without new input."""
-    ADMIT = "admit"
-    """START or RESUME, whichever the latest checkpoint allows (what a run-queue attempt does)."""
-
-
-@attrs.frozen(kw_only=True)
-class RunSpec:
-    """What a run is asked to do.
-
-    Attributes:
-        kind: start, resume, recover or admit.
-        thread_id, tenant_id: the thread and the tenant the run is for.
-        graph: the graph to run.
-        input: the input a start or resume admits (JSON).
-        run_id: the run's RunId (the claim's holder, every checkpoint's ``run_id``).
-        origin: where a child thread was spawned (every checkpoint of the run carries it).
-        before_admit: called on the actor's thread under the claim, after the thread was checked and before
-            anything is committed; raising refuses the run (the claim is released). A run-queue attempt uses it
-            to check that it still holds its lease.
-        fence: ``(thread_id, token)`` of another claim that fences the run's first commit (``Commit.fence``):
-            a child run carries its parent run's, so a parent that lost its thread cannot start a child.
-    """
-
-    kind: RunKind
-    thread_id: str
-    graph: Graph
-    input: Any = None
-    tenant_id: str | None = None
-    run_id: str
-    origin: CheckpointOrigin | None = None
-    before_admit: Callable[[], None] | None = None
-    fence: tuple[str, int] | None = None
-
-
-@attrs.define
-class RunEnv:
-    """What a run needs of its runtime: the store, time, ids, policy and how to start a child run."""
-
-    store: Checkpointer
-    clock: Clock
-    scheduler: Scheduler
-    ids: IdFactory
-    claim_policy: ClaimPolicy
-    node_id: str
-    start_child: Callable[[str, Graph, Any, NodeContext], RunHandle]
-    track_thread: Callable[[threading.Thread], None] = lambda _thread: None
-
-
-class RunHandle:
-    """A run started by a :class:`~threadloom.actors.runtime.GraphRuntime`: wait for its outcome, or cancel it.
-
-    Attributes:
-        thread_id, run_id, tenant_id, graph_id: the run's.
-    """
-
-    def __init__(self, spec: RunSpec, scheduler: Scheduler | None = None) -> None:
-        self._scheduler = scheduler  # waits go through it (a simulation's yields instead of blocking)
-        self.thread_id = spec.thread_id
-        self.run_id = spec.run_id
-        self.tenant_id = spec.tenant_id
-        self.graph_id = spec.graph.graph_id
-        self.kind = spec.kind
-        self._claimed: concurrent.futures.Future[RunClaim] = concurrent.futures.Future()
-        self._done: concurrent.futures.Future[RunOutcome] = concurrent.futures.Future()
-        self._cancel: Callable[[], None] = lambda: None
-
-    @classmethod
-    def ended(cls, spec: RunSpec, outcome: RunOutcome) -> RunHandle:
-        """The handle of a run that had already ended well: ``wait`` returns ``outcome`` at once.
-
-        Used by ``ctx.spawn`` for a child its step had already run to completion. The handle holds no claim
-        (``token`` is None) and cancelling it does nothing.
-        """
-        handle = cls(spec)
-        _set(handle._done, outcome)
-        return handle
-
-    def __repr__(self) -> str:
-        state = "done" if self._done.done() else "running"
-        return f"RunHandle(thread_id={self.thread_id!r}, run_id={self.run_id!r}, {state})"
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of the run's claim once granted, else None."""
-        if self._claimed.done() and self._claimed.exception() is None:
-            return self._claimed.result().token
-        return None
-
-    def done(self) -> bool:
-        """True once the run ended (completed, suspended, failed, lost its claim or was cancelled)."""
-        return self._done.done()
-
-    def wait(self, timeout: timedelta | None = None) -> RunOutcome:
-        """Waits for the run to end and returns how it ended well.
-
-        Args:
-            timeout: how long to wait (None: until it ends).
-
-        Returns:
-            The outcome: ``COMPLETED`` or ``SUSPENDED``, with the last checkpoint's state.
-
-        Raises:
-            RunFailed: a node raised; the run committed a FAILED checkpoint.
-            ThreadBusy: a node's ``ctx.spawn`` found the child thread held by another live run; the run
-                committed nothing for that step and the thread stays incomplete for a recovery.
-            StaleClaim: the run lost its claim (another run took the thread over); it wrote nothing after. Also
-                when the child run a node waits for lost its own thread: the run then ends as for ThreadBusy.
-            CancelledError: the run was cancelled or its runtime closed; the thread stays incomplete (IDLE)
-                for any runtime to recover.
-            StoreUnavailable: the store stayed unreachable. A step's commit it refused is tried again with
-                growing pauses (50 ms doubling to 2 s) for as long as the claim's ``ttl``; raised when it never
-                applied, or when a node's own store call (``ctx.effect``, ``ctx.spawn``) met it. Retryable: the
-                thread stays as its last commit left it (incomplete); ``recover`` it.
-            StoreCorrupt: the store holds what the code cannot read (a damaged file or row, a schema newer
-                than the code). Not retryable and not retried: raised as soon as the run meets it (a renewal
-                meeting it ends the run at once, even while a node runs; that node's step is dropped). The
-                thread stays as its last commit left it - no FAILED checkpoint, which the store could not take
-                either - and can be recovered once the store is repaired.
-            StoreClosed: the store was closed under the run (raised at the next commit or renewal, whichever
-                comes first; the message names the run). The claim expires by itself; recover the thread with
-                a runtime over an open store.
-            ProcessingError: any other failure of the store (``OutcomeUnknown`` included), in the run's own calls
-                or in a node's (``ctx.effect``, ``ctx.spawn``); the thread stays as its last commit left it
-                (incomplete, for a recovery).
-            TimeoutError: ``timeout`` passed first; the run goes on.
-        """
-        self._await(self._done, timeout)
-        return self._done.result(0)
-
-    def exception(self, timeout: timedelta | None = None) -> BaseException | None:
-        """The error the run ended with, None if it ended well; waits like :meth:`wait`."""
-        self._await(self._done, timeout)
-        return self._done.exception(0)
-
-    def _await(self, future: concurrent.futures.Future[Any], timeout: timedelta | None) -> None:
-        """Waits (through the runtime's scheduler) until ``future`` is done; TimeoutError after ``timeout``."""
-        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
-        if future.done():
-            return
-        if self._scheduler is not None:
-            done = self._scheduler.wait_future(future, seconds)
-        else:
-            done = bool(concurrent.futures.wait([future], seconds)[0])
-        if not done:
-            raise TimeoutError(f"run {self.run_id!r} of thread {self.thread_id!r} is still running")
-
-    def _wait_claimed(self) -> RunClaim:
-        """Waits until the run holds its claim (or was refused) and returns it; raises the refusal."""
-        self._await(self._claimed, None)
-        return self._claimed.result(0)
-
-    def cancel(self) -> None:
-        """Asks the run to stop at its next step boundary (the node in flight finishes and is committed).
-
-        The claim is released and the thread stays incomplete, so any runtime can recover it. Returns at once;
-        :meth:`wait` then raises ``CancelledError``. Cancelling an ended run does nothing.
-        """
-        if not self._done.done():
-            self._cancel()
-
 
 # -- messages ---------------------------------------------------------------------------------------------------
 
@@ -284,40 +109,8 @@ class _PendingCommit:
     failures: int = 0
 
 
-def _set(future: concurrent.futures.Future[Any], value: Any = None, error: BaseException | None = None) -> None:
-    if future.done():
-        return
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
-    except concurrent.futures.InvalidStateError:
-        pass
-
-
-def _merged(graph: Graph, state: Any, update: Any) -> Any:
-    """``graph.merge(state, update)`` on copies; an exception of the user's merge refuses the input
-    (ValidationError on ``input``, nothing written) instead of escaping as a bare error of the runtime."""
-    try:
-        return graph.merge(copy.deepcopy(state), copy.deepcopy(update))
-    except Exception as error:
-        raise ValidationError(
-            "input", (f"graph {graph.graph_id!r}'s merge refused it: {type(error).__name__}: {error}",)
-        ) from error
-
-
-@attrs.define
-class _Plan:
-    mode: str  # "start", "resume" or "recover"
-    state: Any
-    next_node: str
-    base: Checkpoint | None
-    origin: CheckpointOrigin | None
-
-
 class ThreadRun:
-    """The logic of one run on one thread: plain methods, each called on the actor's thread (DESIGN §5, §7).
+    """The logic of one run on one thread: plain methods, each called on the actor's thread.
 
     Args:
         spec: what the run is asked to do.
@@ -584,7 +377,7 @@ class ThreadRun:
             self._log.info("claim.granted", op="claim", token=claim.token, duration_ms=self._ms(started))
         self._schedule_renewal()
         try:
-            plan = self._plan(store.latest(spec.thread_id))
+            plan = admission.plan(spec, store.latest(spec.thread_id))
             if spec.before_admit is not None:
                 spec.before_admit()
             self._admit(plan)
@@ -604,50 +397,7 @@ class ThreadRun:
         )
         self._dispatch()
 
-    def _plan(self, stored: StoredCheckpoint | None) -> _Plan:
-        spec, graph = self.spec, self.spec.graph
-        op = spec.kind.value
-        cp = stored.checkpoint if stored is not None else None
-        if cp is not None and cp.tenant_id != spec.tenant_id:
-            raise TenantMismatch(spec.thread_id, spec.tenant_id)
-        if cp is not None and cp.graph_id != graph.graph_id:
-            raise InvalidRunState(spec.thread_id, op, f"the thread runs graph {cp.graph_id!r}, not {graph.graph_id!r}")
-        status = cp.status if cp is not None else None
-        origin = spec.origin if spec.origin is not None else (cp.origin if cp is not None else None)
-        kind = spec.kind
-        if kind is RunKind.ADMIT:
-            if status is CheckpointStatus.RUNNING:
-                raise InvalidRunState(
-                    spec.thread_id, op, "it has an incomplete run (latest checkpoint RUNNING); recover it first"
-                )
-            kind = RunKind.RESUME if status is CheckpointStatus.SUSPENDED else RunKind.START
-        if kind is RunKind.START:
-            if status is CheckpointStatus.RUNNING:
-                raise InvalidRunState(
-                    spec.thread_id, op, "it has an incomplete run (latest checkpoint RUNNING); recover it instead"
-                )
-            if status is CheckpointStatus.SUSPENDED:
-                raise InvalidRunState(spec.thread_id, op, "its run is suspended; resume it instead")
-            state = _merged(graph, cp.state if cp is not None else None, spec.input)
-            return _Plan("start", state, graph.entry, cp, origin)
-        assert cp is not None or status is None
-        if kind is RunKind.RESUME and status is not CheckpointStatus.SUSPENDED:
-            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {cp.status.value}"
-            raise InvalidRunState(spec.thread_id, op, f"{what}, not a suspended run; start or recover instead")
-        if kind is RunKind.RECOVER and status is not CheckpointStatus.RUNNING:
-            what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {cp.status.value}"
-            raise InvalidRunState(spec.thread_id, op, f"{what}, not an incomplete run: nothing to recover")
-        assert cp is not None
-        next_node = cp.metadata.get(g.NEXT_KEY, "")
-        if next_node not in graph.nodes:
-            raise InvalidRunState(
-                spec.thread_id, op, f"its latest checkpoint names no node of graph {graph.graph_id!r} to go on at"
-            )
-        if kind is RunKind.RESUME:
-            return _Plan("resume", _merged(graph, cp.state, spec.input), next_node, cp, origin)
-        return _Plan("recover", cp.state, next_node, cp, origin)
-
-    def _admit(self, plan: _Plan) -> None:
+    def _admit(self, plan: Plan) -> None:
         self.base, self.origin = plan.base, plan.origin
         self.state, self.next_node = plan.state, plan.next_node
         assert self.token is not None
@@ -729,7 +479,7 @@ class ThreadRun:
         if message.error is not None and is_transient(message.error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
-            # the node again (DESIGN §5; found by the simulation, DESIGN §7).
+            # the node again (found by the simulation).
             self._log.warning(
                 "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
             )

@@ -1,4 +1,4 @@
-"""Values, errors and pure rules of threadloom (DESIGN §2). No I/O, threads, wall clock or randomness."""
+"""Values, errors and pure rules of threadloom. No I/O, threads, wall clock or randomness."""
 
 from threadloom.domain.clock import Clock, ManualClock
 from threadloom.domain.errors import (
@@ -55,6 +55,6 @@ __all__ = [
     "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",
     "ThreadBusy", "ThreadCursor", "ThreadDeleted", "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
     "ThreadloomError", "ValidationError",
-    # run queue and runtime (DESIGN §4–5)
+    # run queue and runtime
     "EntryStatus", "InvalidRunState", "Lease", "QueueEntry", "RunFailed", "StaleLease", "TenantMismatch",
 ]

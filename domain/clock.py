@@ -1,4 +1,4 @@
-"""Clocks (DESIGN §2): the ``Clock`` protocol and the test clock ``ManualClock``.
+"""Clocks: the ``Clock`` protocol and the test clock ``ManualClock``.
 
 ``domain`` never reads the wall clock: stores and runtimes are given a ``Clock``. The wall-clock implementation,
 ``SystemClock``, lives in :mod:`threadloom.persistence.clock` beside the I/O it belongs with.

@@ -1,4 +1,4 @@
-"""The errors of threadloom (DESIGN §2 "Errors").
+"""The errors of threadloom.
 
 One root, :class:`ThreadloomError`. Every error carries its fields as attributes (attrs ``auto_exc``): compare
 errors by their fields, not with ``==``. Each message names the thread and says what to do.
@@ -17,7 +17,7 @@ class ThreadloomError(Exception):
 
 @attrs.define(auto_exc=True, str=False)
 class ThreadBusy(ThreadloomError):
-    """A live claim refused a claim (seeds 000: claim).
+    """A live claim refused a claim.
 
     Attributes:
         thread_id: the thread asked for.
@@ -38,7 +38,7 @@ class ThreadBusy(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class StaleClaim(ThreadloomError):
-    """A token that is not the thread's current claim (seeds 000: commit, renew, deleteThread).
+    """A token that is not the thread's current claim.
 
     Attributes:
         thread_id: the thread whose claim was checked (for a fence, the fencing thread).
@@ -59,7 +59,7 @@ class StaleClaim(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class CheckpointConflict(ThreadloomError):
-    """A new checkpoint's parent is not the thread's latest (DESIGN §3 rule 3)."""
+    """A new checkpoint's parent is not the thread's latest."""
 
     thread_id: str
     expected: str | None
@@ -85,7 +85,7 @@ class InvalidCommit(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class ReplayUnavailable(ThreadloomError):
-    """Reading from behind the replay floor (seeds 000: eventsAfter)."""
+    """Reading from behind the replay floor."""
 
     thread_id: str
     earliest_seq: int
@@ -99,7 +99,7 @@ class ReplayUnavailable(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class ThreadDeleted(ThreadloomError):
-    """Reading inside the log of a deleted incarnation of the thread id (seeds 000: deleteThread)."""
+    """Reading inside the log of a deleted incarnation of the thread id."""
 
     thread_id: str
     first_seq: int
@@ -207,7 +207,7 @@ class OutcomeUnknown(ProcessingError):
 
 @attrs.define(auto_exc=True, str=False)
 class CancelledError(ThreadloomError):
-    """A call ended by its cancel event (DESIGN §3 rule 11)."""
+    """A call ended by its cancel event."""
 
     operation: str
 
@@ -217,7 +217,7 @@ class CancelledError(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class TenantMismatch(ThreadloomError):
-    """The thread is not one of the caller's tenant (DESIGN §5: the runtime checks tenants).
+    """The thread is not one of the caller's tenant (the runtime checks tenants).
 
     Raised by the runtime, under the claim where it holds one, before anything of the thread is returned or
     changed. The message never names the thread's own tenant or shows its data.
@@ -239,7 +239,7 @@ class TenantMismatch(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class InvalidRunState(ThreadloomError):
-    """The thread's latest checkpoint does not allow the run asked for (DESIGN §5: start, recover, resume).
+    """The thread's latest checkpoint does not allow the run asked for (start, recover, resume).
 
     Raised under the run's claim, which is released again; nothing was written.
 
@@ -282,7 +282,7 @@ class RunFailed(ThreadloomError):
 
 @attrs.define(auto_exc=True, str=False)
 class StaleLease(ThreadloomError):
-    """An attempt that no longer holds its run-queue entry (DESIGN §4).
+    """An attempt that no longer holds its run-queue entry.
 
     Attributes:
         entry_id: the entry.

@@ -1,4 +1,4 @@
-"""The values of the durable run queue (DESIGN §4; seeds 000: lookupRun, "Stage 5, rule 4").
+"""The values of the durable run queue.
 
 An entry asks for a run of ``graph_id`` on a thread with an input, for a tenant. Workers lease entries for a
 time (the store's clock decides expiry), record each attempt's RunId on the entry before the attempt touches
@@ -38,7 +38,7 @@ def _run_ids(value: Any) -> tuple[str, ...]:
 
 @attrs.frozen(kw_only=True)
 class QueueEntry:
-    """One run-queue entry, as the store holds it when read (DESIGN §4).
+    """One run-queue entry, as the store holds it when read.
 
     Attributes:
         entry_id: the store's number for it: increasing in enqueue order, never reused.

@@ -1,4 +1,4 @@
-"""The pure rules of the store contract (DESIGN §3), shared by every store so they decide alike.
+"""The pure rules of the store contract, shared by every store so they decide alike.
 
 Nothing here reads a clock or storage: the caller passes ``now`` (the store's clock) and the rows it read.
 """
@@ -20,7 +20,7 @@ from threadloom.domain.errors import (
 from threadloom.domain.values import BusyHolder, CheckpointStatus, RetentionPolicy, ThreadStatus
 
 DELETING_KEY = "threadloom.deleting"
-"""Thread metadata key a cascade delete sets on its root first (DESIGN §5)."""
+"""Thread metadata key a cascade delete sets on its root first."""
 
 MAX_PAGE = 1000
 """Largest ``limit`` of ``history``, ``children`` and ``incomplete`` (as ``ThreadQuery.MAX_LIMIT``)."""
@@ -110,7 +110,7 @@ def same_tenant(recorded: str | None, requested: str | None) -> bool:
 
 
 def busy_holder(claim_holder: str, claim_tenant: str | None, request_tenant: str | None) -> BusyHolder:
-    """Who a ``ThreadBusy`` names: the holder only to the same tenant, else ``UNNAMED`` (seeds 000: claim)."""
+    """Who a ``ThreadBusy`` names: the holder only to the same tenant, else ``UNNAMED``."""
     if same_tenant(claim_tenant, request_tenant):
         return BusyHolder.Run(claim_holder)
     return BusyHolder.UNNAMED
@@ -126,7 +126,7 @@ def taken_over_from(old_holder: str | None, old_tenant: str | None, request_tena
 def thread_status(
     latest_status: CheckpointStatus, *, live_claim: bool, metadata: Mapping[str, str]
 ) -> ThreadStatus:
-    """A thread's registry status (seeds 000: threads; DESIGN §5 cascade deletes).
+    """A thread's registry status (cascade deletes included).
 
     ``DELETED`` once a cascade delete has marked it, else ``RUNNING`` while a live claim holds it, else the
     latest checkpoint's status, with ``RUNNING`` read as ``IDLE``.
@@ -144,7 +144,7 @@ def thread_status(
 
 
 def read_start(thread_id: str, after_seq: int, *, first_seq: int, floor: int) -> int:
-    """The ``after_seq`` a read really starts after, or the error the read is (seeds 000: eventsAfter).
+    """The ``after_seq`` a read really starts after, or the error the read is.
 
     Args:
         after_seq: what the caller asked for (>= 0).
@@ -189,7 +189,7 @@ def checkpoints_to_prune(
     now: datetime,
     protected_runs: Iterable[str] = (),
 ) -> list[str]:
-    """The ids of the checkpoints ``policy`` removes from a history (seeds 000: prune; sweep).
+    """The ids of the checkpoints ``policy`` removes from a history.
 
     Args:
         rows: the whole history, oldest first (the last is the latest, always kept).
@@ -228,7 +228,7 @@ def pruned_floor(
     oldest_kept_mark: int | None,
     newest_expired_seq: int | None,
 ) -> int:
-    """The replay floor after retention (seeds 000: prune). Never lowers it, never passes ``next_seq``.
+    """The replay floor after retention. Never lowers it, never passes ``next_seq``.
 
     Args:
         floor: the current replay floor.
@@ -255,7 +255,7 @@ def tombstone_next_seq(*, first_seq: int, next_seq: int) -> int | None:
     """Where the next incarnation numbers from after a delete, or None when this one numbered no event.
 
     The deleted log ended at ``next_seq - 1``; the next incarnation starts one number past it
-    (``next_seq + 1``, "one number skipped", seeds 000: deleteThread).
+    (``next_seq + 1``, "one number skipped" by a delete).
     """
     if next_seq > first_seq:
         return next_seq + 1

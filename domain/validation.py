@@ -1,4 +1,4 @@
-"""Input validation shared by every value and every store (DESIGN §2).
+"""Input validation shared by every value and every store.
 
 Each check raises :class:`~threadloom.domain.errors.ValidationError` naming the field and the problem, and
 never touches storage: stores call these before they read or write anything.
@@ -17,7 +17,7 @@ from typing import Any
 from threadloom.domain.errors import ValidationError
 
 MAX_ID_LENGTH = 255
-"""Longest id, in characters (DESIGN §2)."""
+"""Longest id, in characters."""
 
 MAX_INT = 2**63 - 1
 """Largest integer argument a store takes (tokens, sequence numbers, limits, entry ids): every store keeps 64 bits."""
@@ -82,7 +82,7 @@ def check_text(field: str, value: Any) -> str:
 
 
 def check_aware(field: str, value: Any) -> datetime:
-    """Validates a timezone-aware ``datetime``; a naive one is refused (DESIGN §2)."""
+    """Validates a timezone-aware ``datetime``; a naive one is refused."""
     if not isinstance(value, datetime):
         raise ValidationError(field, (f"must be a datetime, got {type(value).__name__}",))
     if value.tzinfo is None or value.utcoffset() is None:

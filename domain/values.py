@@ -1,4 +1,4 @@
-"""The values of threadloom (DESIGN §2): attrs frozen classes that validate on construction.
+"""The values of threadloom: attrs frozen classes that validate on construction.
 
 Constructors take keywords. Times are timezone-aware ``datetime`` (UTC by convention), durations ``timedelta``,
 ids non-empty ``str`` of at most 255 characters, JSON values plain ``dict``/``list``/``str``/``int``/``float``/
@@ -126,7 +126,7 @@ def _tuple_of(kind: type, field: str):
 
 
 class CheckpointStatus(enum.Enum):
-    """The status of a checkpoint; ``COMPLETED`` and ``FAILED`` are *settled* (DESIGN §2)."""
+    """The status of a checkpoint; ``COMPLETED`` and ``FAILED`` are *settled*."""
 
     RUNNING = "running"
     SUSPENDED = "suspended"
@@ -140,7 +140,7 @@ class CheckpointStatus(enum.Enum):
 
 
 class ThreadStatus(enum.Enum):
-    """A thread's status as the registry reports it (DESIGN §2, seeds 000: threads)."""
+    """A thread's status as the registry reports it."""
 
     RUNNING = "running"
     """A live claim holds it."""
@@ -150,7 +150,7 @@ class ThreadStatus(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     DELETED = "deleted"
-    """A cascade delete has begun (DESIGN §5)."""
+    """A cascade delete has begun."""
 
 
 @attrs.frozen(kw_only=True)
@@ -194,7 +194,7 @@ def _opt_token(_inst: Any, _attr: Any, value: Any) -> None:
 @_seal
 @attrs.frozen(kw_only=True)
 class Checkpoint(_Sealed):
-    """One step of a thread's history (DESIGN §2).
+    """One step of a thread's history.
 
     ``created_at`` is the producer's clock, kept as its record and never used for retention; the store stamps
     its own commit time. ``fencing_token`` is stamped by the store with the commit's token.
@@ -238,7 +238,7 @@ class PendingWrite(_Sealed):
 @_seal
 @attrs.frozen(kw_only=True)
 class EventDraft(_Sealed):
-    """An event as a producer commits it; the store numbers it (DESIGN §3 rule 4)."""
+    """An event as a producer commits it; the store numbers it."""
 
     run_id: str = attrs.field(validator=_id("event.run_id"))
     type: str = attrs.field(validator=_id("event.type"))
@@ -293,7 +293,7 @@ class EventRecord:
 @_seal
 @attrs.frozen(kw_only=True)
 class EffectRecord(_Sealed):
-    """The recorded result of a side effect under an idempotency ``key`` (first-wins, DESIGN §3 rule 3)."""
+    """The recorded result of a side effect under an idempotency ``key`` (first-wins)."""
 
     key: str = attrs.field(validator=_id("effect.key"))
     run_id: str = attrs.field(validator=_id("effect.run_id"))
@@ -322,7 +322,7 @@ def _fence(value: Any) -> tuple[str, int] | None:
 
 @attrs.frozen(kw_only=True)
 class Commit:
-    """One atomic, fenced write to a thread (DESIGN §3 rule 3).
+    """One atomic, fenced write to a thread.
 
     Attributes:
         token: the fencing token of the writer's claim.
@@ -399,7 +399,7 @@ class RunClaim:
 class BusyHolder:
     """Who holds a thread that refused a claim: ``BusyHolder.Run(holder)``, ``UNNAMED`` or ``LAPSED``.
 
-    A store names the holder only to a request of the same tenant (DESIGN §3 rule 1) and never returns
+    A store names the holder only to a request of the same tenant and never returns
     ``LAPSED`` (the runtime's: a claim that lapsed while a run still thinks it holds it).
     """
 
@@ -451,7 +451,7 @@ def _opt_int(field: str, low: int):
 
 @attrs.frozen(kw_only=True)
 class RetentionPolicy:
-    """What prune and sweep keep (seeds 000: prune). ``RetentionPolicy()`` keeps everything.
+    """What prune and sweep keep. ``RetentionPolicy()`` keeps everything.
 
     Attributes:
         max_age: checkpoints and events committed this long ago or longer (store clock) are removed.
@@ -485,7 +485,7 @@ class SweepPolicy:
 
 
 class SweepGuard(Protocol):
-    """Says which threads of a sweep page are protected, and which of their runs (seeds 000: sweep).
+    """Says which threads of a sweep page are protected, and which of their runs.
 
     ``protected(thread_ids)`` returns a mapping from protected thread id to the run ids whose newest
     checkpoints must be kept; a thread absent from it is not protected. Raising ends the sweep call with
@@ -507,7 +507,7 @@ class SweepPage:
 
 @attrs.frozen(kw_only=True)
 class ThreadSummary:
-    """A registry row: a root thread as ``threads`` and ``incomplete`` list it (seeds 000: threads)."""
+    """A registry row: a root thread as ``threads`` and ``incomplete`` list it."""
 
     thread_id: str
     tenant_id: str | None
@@ -546,7 +546,7 @@ def _statuses(value: Any) -> frozenset[ThreadStatus] | None:
 
 @attrs.frozen(kw_only=True)
 class ThreadQuery:
-    """A registry query (seeds 000: threads): one tenant's root threads, newest first, filtered and paged."""
+    """A registry query: one tenant's root threads, newest first, filtered and paged."""
 
     MAX_LIMIT: ClassVar[int] = 1000
 

@@ -94,8 +94,6 @@ class Checkpointer(abc.ABC):
     to close it.
     """
 
-    # DESIGN §3 gives the rules; seeds 000 has a paragraph per method.
-
     queue: RunQueue | None = None
     """The store's durable run queue over the same storage (README "Agent runs that survive crashes"), or None
     for a store without one. It shares the store's closed state; a wrapper shows its inner store's queue."""
@@ -583,7 +581,7 @@ class StoreBase(Checkpointer):
 
 
 def ask_guard(guard: SweepGuard | None, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
-    """Asks a sweep guard which of ``thread_ids`` are protected, before anything changes (seeds 000 "sweep").
+    """Asks a sweep guard which of ``thread_ids`` are protected, before anything changes.
 
     Returns:
         Protected thread id → the run ids whose newest checkpoints must be kept.

@@ -1,4 +1,4 @@
-"""The wall clock (DESIGN §2): the only ``Clock`` that reads the operating system's time."""
+"""The wall clock: the only ``Clock`` that reads the operating system's time."""
 
 from __future__ import annotations
 

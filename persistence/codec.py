@@ -1,4 +1,4 @@
-"""JSON text codec for everything a store keeps (DESIGN §3 rule 10: data only, never pickle).
+"""JSON text codec for everything a store keeps (data only, never pickle).
 
 Every value is encoded as compact JSON text and decoded on read, so nothing returned aliases stored state and
 nothing executable is ever stored or loaded. Times are integer microseconds since the Unix epoch (UTC).
@@ -184,7 +184,7 @@ def decode_effect(text: str, thread_id: str) -> EffectRecord:
 def decode_queue_entry(
     row: tuple[Any, ...], run_ids: Iterable[str], when: Callable[[Any], datetime]
 ) -> QueueEntry:
-    """The run-queue entry of a stored row (DESIGN §4); undecodable → ``ProcessingError`` naming the thread.
+    """The run-queue entry of a stored row; undecodable → ``ProcessingError`` naming the thread.
 
     Args:
         row: ``(entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by,

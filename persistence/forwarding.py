@@ -1,4 +1,5 @@
-"""``ForwardingCheckpointer``: the base of every wrapper around a store (metered, simulated, test arrangements).
+"""``ForwardingCheckpointer`` and ``ForwardingRunQueue``: the bases of every wrapper around a store or its run queue
+(metered, simulated, test arrangements).
 
 A wrapper is a :class:`~threadloom.persistence.base.Checkpointer` that hands every call on to another store's
 *public* method: that store validates the arguments and checks that it is open, so a call through any number of
@@ -10,11 +11,12 @@ seam, :meth:`ForwardingCheckpointer._forward`, or overrides a public method of i
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from threadloom.domain.errors import StoreClosed, ValidationError
+from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -179,4 +181,92 @@ class ForwardingCheckpointer(Checkpointer):
         return self._forward("incomplete", tenant_id, limit=limit, after=after)
 
 
-__all__ = ["ForwardingCheckpointer"]
+class ForwardingRunQueue(RunQueue):
+    """A run queue that forwards every call to another queue's public method: subclass it to act around each call.
+
+    The queue counterpart of :class:`ForwardingCheckpointer`: every method of
+    :class:`~threadloom.persistence.queue.RunQueue` calls :meth:`_forward` with the operation's name and the
+    caller's arguments unchanged; the default calls the method of that name on :attr:`inner` and returns its
+    result or raises its error unchanged. The inner queue validates each call once and refuses it once its
+    store is closed; :attr:`closed` is the inner queue's. Thread safety is the inner queue's.
+
+    Args:
+        inner: the queue every call goes to.
+
+    Raises:
+        ValidationError: ``inner`` is not a ``RunQueue``.
+    """
+
+    def __init__(self, inner: RunQueue) -> None:
+        if not isinstance(inner, RunQueue):
+            raise ValidationError("inner", (f"must be a RunQueue, got {type(inner).__name__}",))
+        self._inner = inner
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._inner!r})"
+
+    @property
+    def inner(self) -> RunQueue:
+        """The queue calls are forwarded to."""
+        return self._inner
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        """Runs one call of the queue: ``operation`` (a public method's name) with the caller's arguments.
+
+        The one place a wrapper customises, as :meth:`ForwardingCheckpointer._forward`. Runs on the caller's
+        thread.
+
+        Returns:
+            The inner queue's result, unchanged.
+
+        Raises:
+            Whatever the inner queue raises, unchanged.
+        """
+        return getattr(self._inner, operation)(*args, **kwargs)
+
+    @property
+    def closed(self) -> bool:
+        """True once the inner queue's store was closed."""
+        return self._inner.closed
+
+    def enqueue(
+        self,
+        thread_id: str,
+        *,
+        graph_id: str,
+        input: Any = None,  # noqa: A002 - the run's input, as RunQueue.enqueue names it
+        tenant_id: str | None = None,
+        delay: timedelta = timedelta(0),
+    ) -> QueueEntry:
+        return self._forward("enqueue", thread_id, graph_id=graph_id, input=input, tenant_id=tenant_id, delay=delay)
+
+    def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
+        return self._forward("lease", holder, ttl, graph_ids=graph_ids)
+
+    def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
+        return self._forward("renew_lease", entry_id, attempt, ttl)
+
+    def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
+        return self._forward("record_run", entry_id, attempt, run_id)
+
+    def finish(
+        self, entry_id: int, attempt: int, *, status: EntryStatus = EntryStatus.COMPLETED, error: str | None = None
+    ) -> QueueEntry:
+        return self._forward("finish", entry_id, attempt, status=status, error=error)
+
+    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
+        return self._forward("release_lease", entry_id, attempt, delay=delay)
+
+    def entry(self, entry_id: int) -> QueueEntry | None:
+        return self._forward("entry", entry_id)
+
+    def entries(
+        self, *, limit: int = 50, after: int | None = None, status: EntryStatus | None = None
+    ) -> list[QueueEntry]:
+        return self._forward("entries", limit=limit, after=after, status=status)
+
+    def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
+        return self._forward("open_runs", thread_ids)
+
+
+__all__ = ["ForwardingCheckpointer", "ForwardingRunQueue"]

@@ -1,4 +1,4 @@
-"""Loggers that never raise (DESIGN §6): a log line that cannot be written must never change a call's outcome.
+"""Loggers that never raise: a log line that cannot be written must never change a call's outcome.
 
 The library logs through structlog and never configures it. An unconfigured structlog writes to standard output;
 when that is a closed pipe (``program | head -1``) or an application's handler fails, the write raises. A store

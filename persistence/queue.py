@@ -1,4 +1,4 @@
-"""The ``RunQueue`` contract: the durable run queue every store holds (DESIGN §4; seeds 000 "lookupRun").
+"""The ``RunQueue`` contract: the durable run queue every store holds.
 
 A store exposes its queue as ``store.queue``, declared on :class:`~threadloom.persistence.base.Checkpointer`
 (None for a store without one; a wrapper shows its inner store's): a :class:`RunQueue` over the same storage,
@@ -7,8 +7,11 @@ sharing the store's lock or connections and its closed state. One store object i
 an open entry names.
 
 Like :class:`~threadloom.persistence.base.Checkpointer`, every public method validates its arguments first
-(``ValidationError`` naming the field, nothing read or written), refuses the call once the store is closed
-(``StoreClosed``, a ``ProcessingError``), and then calls the ``_``-prefixed implementation a store provides.
+(``ValidationError`` naming the field, nothing read or written) and refuses the call once the store is closed
+(``StoreClosed``, a ``ProcessingError``). A store's queue subclasses :class:`QueueBase`, which does both and
+then calls the ``_``-prefixed implementation the store provides; a wrapper subclasses
+:class:`~threadloom.persistence.forwarding.ForwardingRunQueue`, which hands each call to another queue's public
+method.
 
 The rules every queue shares:
 
@@ -24,7 +27,7 @@ The rules every queue shares:
    the RunIds the entry recorded, asks ``Checkpointer.lookup_run`` whether an earlier attempt's input was
    admitted: then it recovers instead of admitting the input twice.
 4. **Retention.** While an entry is open, the store's ``prune`` and ``sweep`` keep the newest checkpoint each run
-   it recorded committed, whatever the policy or sweep guard says (seeds 000: lookupRun, sweep).
+   it recorded committed, whatever the policy or sweep guard says.
 5. **Bounds.** Every call touches a bounded number of rows through an index; lists are paged.
 """
 
@@ -58,9 +61,11 @@ def _thread_ids(field: str, value: Any) -> tuple[str, ...]:
 
 
 class RunQueue(abc.ABC):
-    """The durable run queue of one storage (DESIGN §4). Safe to call from any number of threads.
+    """The durable run queue of one storage. Safe to call from any number of threads.
 
     A store builds it over its own storage and exposes it as ``store.queue``; it is closed with its store.
+    Concrete queues subclass :class:`QueueBase`, wrappers
+    :class:`~threadloom.persistence.forwarding.ForwardingRunQueue`; ``isinstance(x, RunQueue)`` holds for both.
     """
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -69,6 +74,142 @@ class RunQueue(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool:
         """True once the store the queue belongs to is closed."""
+
+    # -- writes -----------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def enqueue(
+        self,
+        thread_id: str,
+        *,
+        graph_id: str,
+        input: Any = None,  # noqa: A002 - the run's input, the public name
+        tenant_id: str | None = None,
+        delay: timedelta = timedelta(0),
+    ) -> QueueEntry:
+        """Adds an open entry asking for a run of ``graph_id`` on ``thread_id`` with ``input``.
+
+        Args:
+            thread_id: the thread to run on (it need not exist yet).
+            graph_id: the kind of graph a worker runs for it (``GraphRuntime.serve`` looks it up by this id).
+            input: the run's input, a JSON value.
+            tenant_id: the tenant the run is for; the worker's run claims and checks the thread for it.
+            delay: the entry is not leased before ``delay`` from now, by the store's clock (>= 0).
+
+        Returns:
+            The new entry: ``OPEN``, no attempt, a new ``entry_id`` greater than every earlier one.
+
+        Raises:
+            ValidationError: a bad id, ``input`` that is not JSON, a negative ``delay``; nothing written.
+            ProcessingError: the storage failed or the store is closed. Enqueueing again after a failure may
+                add a second entry (entries have no idempotency key).
+        """
+
+    @abc.abstractmethod
+    def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
+        """Leases the oldest leasable entry for ``holder`` until ``ttl`` from now, by the store's clock.
+
+        Leasable: open, ``available_at`` reached, no live lease, and no older open entry of the same thread
+        (rule 2). A lease replacing an expired, unfinished one names that holder in ``taken_over_from``.
+
+        Args:
+            holder: who leases (a worker's node id), recorded as ``leased_by``.
+            ttl: how long the lease lives (> 0).
+            graph_ids: only entries of these graph kinds (a non-empty collection), or None for every kind.
+
+        Returns:
+            The lease, its ``attempt`` one more than the entry's previous; None when nothing is leasable.
+
+        Raises:
+            ValidationError: bad ``holder``, ``ttl`` or ``graph_ids``; nothing changed.
+            ProcessingError: the storage failed or the store is closed.
+        """
+
+    @abc.abstractmethod
+    def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
+        """Extends lease ``attempt`` of the entry to ``ttl`` from now, by the store's clock.
+
+        An expired lease nobody replaced is renewed (rule 2).
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease (re-leased, released, finished, unknown).
+            ValidationError, ProcessingError: as :meth:`lease`.
+        """
+
+    @abc.abstractmethod
+    def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
+        """Records ``run_id`` as attempt ``attempt``'s run on the entry, before the attempt touches the thread.
+
+        Recording the same RunId twice keeps
+        one. The entry's ``run_ids`` then protect that run's newest checkpoint from retention while it is open.
+
+        Returns:
+            The entry with ``run_id`` among its ``run_ids`` (appended, oldest first).
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease; nothing recorded.
+            ValidationError: a bad ``run_id`` or more than 1000 runs on one entry; nothing recorded.
+            ProcessingError: the storage failed or the store is closed. Retrying is safe.
+        """
+
+    @abc.abstractmethod
+    def finish(
+        self, entry_id: int, attempt: int, *, status: EntryStatus = EntryStatus.COMPLETED, error: str | None = None
+    ) -> QueueEntry:
+        """Finishes the entry ``COMPLETED`` or ``FAILED`` (with ``error``), fenced by ``attempt``.
+
+        Finishing again by the attempt that finished it, with the same status, returns the entry unchanged
+        (a retry after an unknown outcome is safe). The finished entry no longer protects its runs.
+
+        Raises:
+            StaleLease: ``attempt`` is not the entry's current lease, or another attempt finished it.
+            ValidationError: ``status`` is ``OPEN`` or not an ``EntryStatus``; ``error`` is not text.
+            ProcessingError: the storage failed or the store is closed.
+        """
+
+    @abc.abstractmethod
+    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
+        """Gives lease ``attempt`` back unfinished: the entry is leasable again ``delay`` from now.
+
+        A worker that stops, or that finds the thread busy, hands the entry on this way instead of letting
+        the lease expire. An attempt that is not the current lease changes nothing (like a claim's release).
+
+        Raises:
+            ValidationError, ProcessingError: as :meth:`lease`.
+        """
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def entry(self, entry_id: int) -> QueueEntry | None:
+        """The entry ``entry_id`` as the store holds it now; None if there is none."""
+
+    @abc.abstractmethod
+    def entries(
+        self, *, limit: int = 50, after: int | None = None, status: EntryStatus | None = None
+    ) -> list[QueueEntry]:
+        """Up to ``limit`` (1..1000) entries with ``entry_id > after``, ascending, of ``status`` when given.
+
+        Page by passing the last ``entry_id`` of each page as ``after``.
+        """
+
+    @abc.abstractmethod
+    def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
+        """The RunIds the open entries of each of ``thread_ids`` (at most 1000) recorded.
+
+        These are the runs an open entry protects from retention. A thread without an open entry that
+        recorded a run is absent from the mapping.
+        """
+
+
+class QueueBase(RunQueue):
+    """The base of every store's run queue: it validates each call once, then runs the store's implementation.
+
+    Each public method of :class:`RunQueue` checks its arguments (``ValidationError`` naming the field, nothing
+    read or written), refuses the call once the store is closed (``StoreClosed``), and calls the queue's
+    ``_``-prefixed method of the same name. A queue implements those abstract ``_`` methods and never
+    re-validates. The public methods' documentation is :class:`RunQueue`'s.
+    """
 
     def _ensure_open(self, operation: str) -> None:
         if self.closed:
@@ -93,27 +234,10 @@ class RunQueue(abc.ABC):
         thread_id: str,
         *,
         graph_id: str,
-        input: Any = None,  # noqa: A002 - the run's input, as DESIGN §4 names it
+        input: Any = None,  # noqa: A002 - the run's input, the public name
         tenant_id: str | None = None,
         delay: timedelta = timedelta(0),
     ) -> QueueEntry:
-        """Adds an open entry asking for a run of ``graph_id`` on ``thread_id`` with ``input`` (DESIGN §4).
-
-        Args:
-            thread_id: the thread to run on (it need not exist yet).
-            graph_id: the kind of graph a worker runs for it (``GraphRuntime.serve`` looks it up by this id).
-            input: the run's input, a JSON value.
-            tenant_id: the tenant the run is for; the worker's run claims and checks the thread for it.
-            delay: the entry is not leased before ``delay`` from now, by the store's clock (>= 0).
-
-        Returns:
-            The new entry: ``OPEN``, no attempt, a new ``entry_id`` greater than every earlier one.
-
-        Raises:
-            ValidationError: a bad id, ``input`` that is not JSON, a negative ``delay``; nothing written.
-            ProcessingError: the storage failed or the store is closed. Enqueueing again after a failure may
-                add a second entry (entries have no idempotency key).
-        """
         v.check_id("thread_id", thread_id)
         v.check_id("graph_id", graph_id)
         v.check_json("input", input)
@@ -123,23 +247,6 @@ class RunQueue(abc.ABC):
         return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
 
     def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
-        """Leases the oldest leasable entry for ``holder`` until ``ttl`` from now, by the store's clock.
-
-        Leasable: open, ``available_at`` reached, no live lease, and no older open entry of the same thread
-        (rule 2). A lease replacing an expired, unfinished one names that holder in ``taken_over_from``.
-
-        Args:
-            holder: who leases (a worker's node id), recorded as ``leased_by``.
-            ttl: how long the lease lives (> 0).
-            graph_ids: only entries of these graph kinds (a non-empty collection), or None for every kind.
-
-        Returns:
-            The lease, its ``attempt`` one more than the entry's previous; None when nothing is leasable.
-
-        Raises:
-            ValidationError: bad ``holder``, ``ttl`` or ``graph_ids``; nothing changed.
-            ProcessingError: the storage failed or the store is closed.
-        """
         v.check_id("holder", holder)
         v.check_positive_duration("ttl", ttl)
         kinds: frozenset[str] | None = None
@@ -151,14 +258,6 @@ class RunQueue(abc.ABC):
         return self._lease(holder, ttl, kinds)
 
     def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
-        """Extends lease ``attempt`` of the entry to ``ttl`` from now, by the store's clock.
-
-        An expired lease nobody replaced is renewed (rule 2).
-
-        Raises:
-            StaleLease: ``attempt`` is not the entry's current lease (re-leased, released, finished, unknown).
-            ValidationError, ProcessingError: as :meth:`lease`.
-        """
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_positive_duration("ttl", ttl)
@@ -166,19 +265,6 @@ class RunQueue(abc.ABC):
         return self._renew_lease(entry_id, attempt, ttl)
 
     def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
-        """Records ``run_id`` as attempt ``attempt``'s run on the entry, before the attempt touches the thread.
-
-        Source: DESIGN §4 ("record each attempt's RunId on the entry"). Recording the same RunId twice keeps
-        one. The entry's ``run_ids`` then protect that run's newest checkpoint from retention while it is open.
-
-        Returns:
-            The entry with ``run_id`` among its ``run_ids`` (appended, oldest first).
-
-        Raises:
-            StaleLease: ``attempt`` is not the entry's current lease; nothing recorded.
-            ValidationError: a bad ``run_id`` or more than 1000 runs on one entry; nothing recorded.
-            ProcessingError: the storage failed or the store is closed. Retrying is safe.
-        """
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_id("run_id", run_id)
@@ -188,16 +274,6 @@ class RunQueue(abc.ABC):
     def finish(
         self, entry_id: int, attempt: int, *, status: EntryStatus = EntryStatus.COMPLETED, error: str | None = None
     ) -> QueueEntry:
-        """Finishes the entry ``COMPLETED`` or ``FAILED`` (with ``error``), fenced by ``attempt``.
-
-        Finishing again by the attempt that finished it, with the same status, returns the entry unchanged
-        (a retry after an unknown outcome is safe). The finished entry no longer protects its runs.
-
-        Raises:
-            StaleLease: ``attempt`` is not the entry's current lease, or another attempt finished it.
-            ValidationError: ``status`` is ``OPEN`` or not an ``EntryStatus``; ``error`` is not text.
-            ProcessingError: the storage failed or the store is closed.
-        """
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         if not isinstance(status, EntryStatus) or status is EntryStatus.OPEN:
@@ -208,14 +284,6 @@ class RunQueue(abc.ABC):
         return self._finish(entry_id, attempt, status, error)
 
     def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
-        """Gives lease ``attempt`` back unfinished: the entry is leasable again ``delay`` from now.
-
-        A worker that stops, or that finds the thread busy, hands the entry on this way instead of letting
-        the lease expire. An attempt that is not the current lease changes nothing (like a claim's release).
-
-        Raises:
-            ValidationError, ProcessingError: as :meth:`lease`.
-        """
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_non_negative_duration("delay", delay)
@@ -225,7 +293,6 @@ class RunQueue(abc.ABC):
     # -- reads ------------------------------------------------------------------------------------------------
 
     def entry(self, entry_id: int) -> QueueEntry | None:
-        """The entry ``entry_id`` as the store holds it now; None if there is none."""
         _entry_id("entry_id", entry_id)
         self._ensure_open("entry")
         return self._entry(entry_id)
@@ -233,10 +300,6 @@ class RunQueue(abc.ABC):
     def entries(
         self, *, limit: int = 50, after: int | None = None, status: EntryStatus | None = None
     ) -> list[QueueEntry]:
-        """Up to ``limit`` (1..1000) entries with ``entry_id > after``, ascending, of ``status`` when given.
-
-        Page by passing the last ``entry_id`` of each page as ``after``.
-        """
         v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
         if after is not None:
             v.check_int("after", after, low=0)
@@ -246,11 +309,6 @@ class RunQueue(abc.ABC):
         return self._entries(limit, after or 0, status)
 
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
-        """The RunIds the open entries of each of ``thread_ids`` (at most 1000) recorded.
-
-        Source: seeds 000 "sweep" (the runs an open entry protects). A thread without an open entry that
-        recorded a run is absent from the mapping.
-        """
         ids = _thread_ids("thread_ids", thread_ids)
         self._ensure_open("open_runs")
         if not ids:
@@ -310,4 +368,4 @@ def queue_of(store: Any) -> RunQueue:
     return queue
 
 
-__all__ = ["MAX_ERROR_LENGTH", "MAX_RUNS_PER_ENTRY", "RunQueue", "queue_of"]
+__all__ = ["MAX_ERROR_LENGTH", "MAX_RUNS_PER_ENTRY", "QueueBase", "RunQueue", "queue_of"]

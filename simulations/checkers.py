@@ -1,7 +1,7 @@
 """The oracle of a simulation: what every store call really did, the invariants checked at once, the probes.
 
 Every :class:`~threadloom.simulations.store.SimStore` call reports its true outcome here — including a write
-whose caller was told ``OutcomeUnknown`` — and the oracle checks the invariants of DESIGN §7 against its own
+whose caller was told ``OutcomeUnknown`` — and the oracle checks the simulation's invariants against its own
 record of each thread:
 
 * **one live claim**: a claim is granted only once the previous one was released, superseded or expired by
@@ -177,7 +177,7 @@ class Oracle:
             self.fail(
                 "tokens strictly increase",
                 f"{thread_id}: granted token {claim.token} after token {self.max_token} of another thread "
-                "(one counter for the whole storage, DESIGN §3)",
+                "(one counter for the whole storage)",
             )
         self.max_token = max(self.max_token, claim.token)
         if st.current is not None and not st.released and not st.gone and st.expires_at is not None:
@@ -199,7 +199,7 @@ class Oracle:
             self.fail("no stale-token write applied", f"{thread_id}: {op} with token {token} applied ({state})")
 
     def _check_fence(self, thread_id: str, op: str, fence: tuple[str, int] | None) -> None:
-        """A fenced write applies only while the fence's thread is held by the fence's token (DESIGN §3)."""
+        """A fenced write applies only while the fence's thread is held by the fence's token."""
         if fence is None:
             return
         self.probe(f"fenced.{op}")
@@ -296,7 +296,7 @@ class Oracle:
         self._fenced(st, thread_id, "delete_thread", args[1])
         self._check_fence(thread_id, "delete_thread", args[2] if len(args) > 2 else None)
         if st.incarnation_seq is not None:
-            st.expect_first = st.incarnation_seq + 2  # seeds 000 deleteThread: one number skipped
+            st.expect_first = st.incarnation_seq + 2  # a delete skips one number
         st.gone, st.latest, st.incarnation_seq = True, None, None
         st.incarnation += 1
         st.effects, st.run_newest = {}, {}

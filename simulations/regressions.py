@@ -1,4 +1,4 @@
-"""Every seed that ever failed, kept and replayed in CI (DESIGN §7).
+"""Every seed that ever failed, kept and replayed in CI.
 
 A seed that once found something — a bug of the runtime or a store, or of the simulation's own checkers — is
 kept here with what it found, and replayed by the test suite and by ``threadloom simulate --regressions``:

@@ -1,4 +1,4 @@
-"""One simulated seed, end to end: the swarm of faults, the workload, the checks, the verdict (DESIGN §7).
+"""One simulated seed, end to end: the swarm of faults, the workload, the checks, the verdict.
 
 A seed decides everything: how many nodes (runtimes, each a simulated process with its own clock and store
 connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about
@@ -31,9 +31,9 @@ import structlog
 
 from threadloom.actors.graph import Graph, NodeContext, Step
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.runs import RunHandle
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import SequentialIds
-from threadloom.actors.thread_actor import RunHandle
 from threadloom.domain.errors import ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy

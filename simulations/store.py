@@ -2,7 +2,7 @@
 
 :class:`SimStore` wraps the real store a node uses (a shared in-memory store, or the node's own SQLite store
 over the shared file). Each call first yields to the world (a round trip: the other tasks may run meanwhile),
-then may suffer the faults the seed chose (DESIGN §7): a write that fails *before* it reached the storage, or
+then may suffer the faults the seed chose: a write that fails *before* it reached the storage, or
 one that applied but whose reply was lost — both reach the caller as ``OutcomeUnknown`` — or a slow call. What
 really happened is reported to the :class:`~threadloom.simulations.checkers.Oracle`, which checks it at once.
 """
@@ -10,16 +10,14 @@ really happened is reported to the :class:`~threadloom.simulations.checkers.Orac
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import CancelledError, OutcomeUnknown, ThreadloomError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.domain.values import EventRecord, SweepGuard, SweepPage, SweepPolicy
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.forwarding import ForwardingCheckpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
 from threadloom.persistence.queue import RunQueue
 from threadloom.simulations.world import SimCrash, SimNode, World
 
@@ -164,56 +162,26 @@ class SimStore(ForwardingCheckpointer):
         return page
 
 
-class SimQueue(RunQueue):
-    """The run queue of one simulated node: every call a yield point forwarded to the real queue."""
+class SimQueue(ForwardingRunQueue):
+    """The run queue of one simulated node: every call forwarded to the real queue's public method (which
+    validates it); each write and lease is a yield point whose outcome the oracle records."""
+
+    READS = frozenset({"entry", "entries", "open_runs"})
+    """The calls forwarded as they are: no yield point, nothing recorded."""
 
     def __init__(self, store: SimStore, inner: RunQueue) -> None:
+        super().__init__(inner)
         self._store = store
-        self._inner = inner
 
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    def _call(self, op: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        if operation in self.READS:
+            return super()._forward(operation, *args, **kwargs)
         store = self._store
         store.world.sleep(store._latency())
         try:
-            result = call(*args, **kwargs)
+            result = super()._forward(operation, *args, **kwargs)
         except ThreadloomError as error:
-            store.oracle.note_queue(store, op, args, error=error)
+            store.oracle.note_queue(store, operation, args, error=error)
             raise
-        store.oracle.note_queue(store, op, args, result=result)
+        store.oracle.note_queue(store, operation, args, result=result)
         return result
-
-    def _enqueue(
-        self, thread_id: str, graph_id: str, input: Any, tenant_id: str | None, delay: timedelta  # noqa: A002
-    ) -> QueueEntry:
-        return self._call(
-            "enqueue", self._inner.enqueue, thread_id, graph_id=graph_id, input=input, tenant_id=tenant_id, delay=delay
-        )
-
-    def _lease(self, holder: str, ttl: timedelta, graph_ids: frozenset[str] | None) -> Lease | None:
-        ids = None if graph_ids is None else sorted(graph_ids)
-        return self._call("lease", self._inner.lease, holder, ttl, graph_ids=ids)
-
-    def _renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
-        return self._call("renew_lease", self._inner.renew_lease, entry_id, attempt, ttl)
-
-    def _record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
-        return self._call("record_run", self._inner.record_run, entry_id, attempt, run_id)
-
-    def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry:
-        return self._call("finish", self._inner.finish, entry_id, attempt, status=status, error=error)
-
-    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
-        return self._call("release_lease", self._inner.release_lease, entry_id, attempt, delay=delay)
-
-    def _entry(self, entry_id: int) -> QueueEntry | None:
-        return self._inner.entry(entry_id)
-
-    def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
-        return self._inner.entries(limit=limit, after=after, status=status)
-
-    def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
-        return self._inner.open_runs(thread_ids)

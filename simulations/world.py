@@ -1,4 +1,4 @@
-"""The simulated world: one OS thread, a virtual clock and a seeded choice of what runs next (DESIGN §7).
+"""The simulated world: one OS thread, a virtual clock and a seeded choice of what runs next.
 
 Every task of every simulated node — actor loops, node executions, subscription watches, queue workers, the
 workload's clients — is a greenlet. A task runs until it *blocks* (waits for a message, a future, an event, a
@@ -395,7 +395,7 @@ class _SimCondition:
 
 
 class SimScheduler(Scheduler):
-    """The :class:`~threadloom.actors.scheduler.Scheduler` of one simulated node (DESIGN §7).
+    """The :class:`~threadloom.actors.scheduler.Scheduler` of one simulated node.
 
     Timers run on the world's hub; tasks are greenlets of the node; every wait yields to the world. Times are
     the node's clock, converted to the world's by the node's offset at the time of the call.

@@ -1,4 +1,4 @@
-"""Store harnesses: how the contract suite builds, shares, reopens and ages a store (STYLE: eventsourcing).
+"""Store harnesses: how the contract suite builds, shares, reopens and ages a store.
 
 A harness says only how to build a store; the suite (:mod:`threadloom.testing.contract`) holds every test.
 A store that legitimately differs (the database decides time) says so with :attr:`StoreHarness.database_clock`,

@@ -2,8 +2,7 @@
 
 ``metered_harness(SomeHarness)`` is a :class:`~threadloom.testing.harness.StoreHarness` subclass whose every store
 (``open``, ``sibling``, ``reopen``) is ``SomeHarness``'s store wrapped in a ``MeteredCheckpointer``, all of one
-harness instance sharing one meter (:attr:`meter`). The contract must hold unchanged through the wrapper
-(seeds 000 ``MeteredCheckpointer``: it restates the whole contract)::
+harness instance sharing one meter (:attr:`meter`). The contract must hold unchanged through the wrapper::
 
     class TestMeteredMemory(CheckpointerContract):
         harness_class = metered_harness(MemoryHarness)

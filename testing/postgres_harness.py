@@ -1,4 +1,4 @@
-"""PostgreSQL store harnesses for the contract suite (DESIGN §3 "Stores"; STYLE: eventsourcing's test kit).
+"""PostgreSQL store harnesses for the contract suite.
 
 Tests find the server through the environment variable ``THREADLOOM_TEST_PG`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``). Where it is not reachable they **skip** with a loud reason,
@@ -151,7 +151,7 @@ class StallingProxy:
     """A TCP proxy on loopback in front of the test server that can stall: a network that stops answering.
 
     While stalled it forwards nothing in either direction (bytes wait in the kernel's buffers); :meth:`resume`
-    forwards them again. Every loop is bounded by :meth:`close` (STYLE: faults are injected for real).
+    forwards them again. Every loop is bounded by :meth:`close`.
 
     Args:
         dsn: the server to forward to (its host and port).

@@ -1,4 +1,4 @@
-"""SQLite store harnesses for the contract suite (DESIGN §3 "Stores"; STYLE: eventsourcing's test kit).
+"""SQLite store harnesses for the contract suite.
 
 Three arrangements over one temporary SQLite file, all reading the harness's :class:`ManualClock`:
 

@@ -1,4 +1,4 @@
-"""A hypothesis state machine that checks a store against the in-memory reference (DESIGN §3, STYLE: eventsourcing).
+"""A hypothesis state machine that checks a store against the in-memory reference.
 
 The machine drives a *subject* store and an :class:`~threadloom.persistence.memory.InMemoryCheckpointer` with the
 same random operations - claims, renewals, releases, commits (checkpoints, pending writes, events, effects,

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for threadloom values (DESIGN §2), shipped with the test kit.
+"""Hypothesis strategies for threadloom values, shipped with the test kit.
 
 Every strategy draws only *valid* values: ids that :func:`~threadloom.domain.validation.check_id` accepts, JSON
 values that :func:`~threadloom.domain.validation.check_json` accepts, aware datetimes. Tests of invalid input
@@ -52,7 +52,7 @@ TEXT_CHARACTERS = st.characters(exclude_categories=["Cs"])
 """Any code point but a surrogate: what a JSON string may hold (NUL included)."""
 
 ID_CHARACTERS = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
-"""What an id may hold: no surrogate, no NUL (DESIGN §2)."""
+"""What an id may hold: no surrogate, no NUL."""
 
 TIMEZONES = (
     UTC,

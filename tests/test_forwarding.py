@@ -1,5 +1,6 @@
 """ForwardingCheckpointer, the base of every wrapper: the whole contract through a bare one (memory, SQLite), one
-validation per call however many wrappers a call passes, the one seam, and the run queue shown through."""
+validation per call however many wrappers a call passes, the one seam, and the run queue shown through; and
+ForwardingRunQueue, the same for the run queue (its contract runs through a bare one in test_queue_contract)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.values import ClaimRequest, Commit, EventDraft
 from threadloom.persistence import base
 from threadloom.persistence.base import OPERATIONS, Checkpointer, StoreBase
-from threadloom.persistence.forwarding import ForwardingCheckpointer
+from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.persistence.metrics.meter import InMemoryMeter
 from threadloom.persistence.metrics.metered import ERRORS, MeteredCheckpointer
-from threadloom.persistence.queue import queue_of
-from threadloom.simulations.store import SimStore
+from threadloom.persistence.queue import QueueBase, RunQueue, queue_of
+from threadloom.simulations.store import SimQueue, SimStore
 from threadloom.testing.contract import CheckpointerContract, Writer, valid_call
 from threadloom.testing.harness import START, AlternatingCheckpointer, MemoryHarness, wrapping_harness
 from threadloom.testing.sqlite_harness import ReopeningCheckpointer, SqliteHarness
@@ -191,3 +192,72 @@ def test_the_run_queue_is_declared_on_the_contract_and_shown_through_wrappers():
     assert pair.queue is None  # calls alternate between stores: there is no one queue to show
     with pytest.raises(ValidationError):
         queue_of(pair)
+
+
+QUEUE_WRAPPERS = (ForwardingRunQueue, SimQueue)
+QUEUE_OPERATIONS = (
+    "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "entry", "entries", "open_runs",
+)
+
+
+@pytest.mark.parametrize("wrapper", QUEUE_WRAPPERS, ids=lambda cls: cls.__name__)
+def test_no_queue_wrapper_implements_a_queue_hook_and_none_overrides_attribute_lookup(wrapper: type) -> None:
+    assert issubclass(wrapper, RunQueue) and issubclass(wrapper, ForwardingRunQueue)
+    assert not issubclass(wrapper, QueueBase)
+    assert [hook for hook in (f"_{op}" for op in QUEUE_OPERATIONS) if hasattr(wrapper, hook)] == []
+    assert wrapper.__getattribute__ is object.__getattribute__
+
+
+def test_every_store_queue_is_a_queue_base_and_a_wrapper_refuses_what_is_not_a_queue():
+    inner = InMemoryCheckpointer()
+    assert isinstance(inner.queue, QueueBase)
+    with pytest.raises(TypeError):
+        RunQueue()  # type: ignore[abstract]  # the contract alone is abstract
+    with pytest.raises(ValidationError) as caught:
+        ForwardingRunQueue(inner)  # type: ignore[arg-type]  # a store, not its queue
+    assert caught.value.field == "inner"
+
+
+class RecordingQueue(ForwardingRunQueue):
+    """Records every queue call that passes through the one seam."""
+
+    def __init__(self, inner: RunQueue) -> None:
+        super().__init__(inner)
+        self.seen: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        self.seen.append((operation, args, kwargs))
+        return super()._forward(operation, *args, **kwargs)
+
+
+def test_every_queue_call_passes_the_seam_once_with_the_callers_arguments_and_is_checked_once_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    ids = _counting(monkeypatch, validation, "check_id")
+    inner = InMemoryCheckpointer(ManualClock(START))
+    assert inner.queue is not None
+    queue = RecordingQueue(ForwardingRunQueue(inner.queue))
+    entry = queue.enqueue("t", graph_id="g", input={"n": 1})
+    assert ids[0] == 2  # thread_id and graph_id, each checked once, by the store's queue
+    lease = queue.lease("worker", timedelta(seconds=30), graph_ids=["g"])
+    assert lease is not None and lease.entry.entry_id == entry.entry_id
+    queue.renew_lease(entry.entry_id, lease.attempt, timedelta(seconds=30))
+    queue.record_run(entry.entry_id, lease.attempt, "run-1")
+    assert queue.open_runs(["t"]) == {"t": frozenset({"run-1"})}
+    assert queue.entry(entry.entry_id) is not None and len(queue.entries(limit=5)) == 1
+    queue.finish(entry.entry_id, lease.attempt, error=None)
+    queue.release_lease(entry.entry_id, lease.attempt)
+    assert [op for op, _, _ in queue.seen] == [
+        "enqueue", "lease", "renew_lease", "record_run", "open_runs", "entry", "entries", "finish", "release_lease",
+    ]
+    assert queue.seen[0] == ("enqueue", ("t",), {"graph_id": "g", "input": {"n": 1}, "tenant_id": None,
+                                                 "delay": timedelta(0)})
+    assert queue.seen[1] == ("lease", ("worker", timedelta(seconds=30)), {"graph_ids": ["g"]})
+    with pytest.raises(ValidationError) as caught:
+        queue.enqueue("", graph_id="g")
+    assert caught.value.field == "thread_id"
+    inner.close()
+    assert queue.closed
+    with pytest.raises(StoreClosed) as closed:
+        queue.entry(entry.entry_id)
+    assert closed.value.operation == "entry"

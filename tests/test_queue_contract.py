@@ -31,6 +31,7 @@ from threadloom import (
     SweepPolicy,
     ValidationError,
 )
+from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
 from threadloom.persistence.queue import queue_of
 from threadloom.testing.harness import START
 
@@ -77,6 +78,23 @@ def _memory(tmp_path, request):
     return QueueEnv(InMemoryCheckpointer(clock), clock)
 
 
+class _ForwardedQueue(ForwardingCheckpointer):
+    """A bare wrapper whose run queue is a bare ForwardingRunQueue over the inner store's."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self._queue = ForwardingRunQueue(inner.queue)
+
+    @property
+    def queue(self) -> RunQueue:  # type: ignore[override]
+        return self._queue
+
+
+def _forwarding_memory(tmp_path, request):
+    clock = ManualClock(START)
+    return QueueEnv(_ForwardedQueue(InMemoryCheckpointer(clock)), clock)
+
+
 def _sqlite(tmp_path, request):
     from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
@@ -101,8 +119,8 @@ def _postgres(tmp_path, request):
 
 
 @pytest.fixture(
-    params=[_memory, _sqlite, pytest.param(_postgres, marks=pytest.mark.postgres)],
-    ids=["memory", "sqlite", "postgres"],
+    params=[_memory, _forwarding_memory, _sqlite, pytest.param(_postgres, marks=pytest.mark.postgres)],
+    ids=["memory", "forwarding-memory", "sqlite", "postgres"],
 )
 def env(request, tmp_path):
     """``(store, queue, env)``: the tests call the third ``clock`` (its ``now``, ``advance`` and ``tick``)."""

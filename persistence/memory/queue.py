@@ -1,4 +1,4 @@
-"""``InMemoryRunQueue``: the reference run queue (DESIGN §4), inside an :class:`InMemoryCheckpointer`.
+"""``InMemoryRunQueue``: the reference run queue, inside an :class:`InMemoryCheckpointer`.
 
 It shares the store's lock, clock and closed state, so a lease, a commit and a prune see one state, and the
 store's ``prune`` and ``sweep`` ask :meth:`InMemoryRunQueue.protected_runs` (lock held) which runs open entries
@@ -18,7 +18,7 @@ from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.clock import read_clock
-from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
+from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
 if TYPE_CHECKING:
     from threadloom.persistence.memory.store import InMemoryCheckpointer
@@ -60,7 +60,7 @@ class _EntryRow:
         )
 
 
-class InMemoryRunQueue(RunQueue):
+class InMemoryRunQueue(QueueBase):
     """The run queue of one :class:`InMemoryCheckpointer` (``store.queue``); built by the store itself.
 
     Args:

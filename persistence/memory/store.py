@@ -1,4 +1,4 @@
-"""``InMemoryCheckpointer``: the executable reference of the store contract (DESIGN §3 "Stores").
+"""``InMemoryCheckpointer``: the executable reference of the store contract.
 
 Simplest possible: one lock around plain dictionaries. Every value is kept as JSON text (the codec) and
 decoded on read, so nothing returned aliases stored state. The durable stores are checked against it.
@@ -88,7 +88,7 @@ class _Thread:
 
 
 class InMemoryCheckpointer(StoreBase):
-    """The store contract in one process's memory (DESIGN §3): the reference every other store matches.
+    """The store contract in one process's memory: the reference every other store matches.
 
     Args:
         clock: the store's clock; it decides claim expiry, ``updated_at``, tombstone and retention age.
@@ -103,9 +103,9 @@ class InMemoryCheckpointer(StoreBase):
         self._places: dict[str, dict[str, int]] = {}  # parent -> child -> place (order of first origin commit)
         self._place_counter = 0
         self._last_token = 0
-        self._mark = 0  # the reclamation mark: new threads number from here (DESIGN §3 rule 6)
+        self._mark = 0  # the reclamation mark: new threads number from here
         self.queue: InMemoryRunQueue = InMemoryRunQueue(self)
-        """The store's run queue (DESIGN §4): shares this lock; its open entries' runs survive retention."""
+        """The store's run queue: shares this lock; its open entries' runs survive retention."""
 
     def __repr__(self) -> str:
         return f"InMemoryCheckpointer(clock={self._clock!r})"

@@ -1,4 +1,4 @@
-"""The ``Meter`` interface and its in-process default, :class:`InMemoryMeter` (DESIGN §3 "Stores", §6).
+"""The ``Meter`` interface and its in-process default, :class:`InMemoryMeter`.
 
 A meter keeps two kinds of metric, each named, with series told apart by labels:
 
@@ -124,7 +124,7 @@ class _Timer:
 
 
 class Meter(abc.ABC):
-    """Where measurements go: counters and histograms, named and labelled (DESIGN §3 ``MeteredCheckpointer``).
+    """Where measurements go: counters and histograms, named and labelled.
 
     A meter hands out *bound* series (:meth:`counter`, :meth:`histogram`): instrumented code looks each series
     up once and then only calls ``add``/``observe`` on it, so recording costs little inside every store call.

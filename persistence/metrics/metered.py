@@ -1,4 +1,4 @@
-"""``MeteredCheckpointer``: a decorator that meters every call of another store (seeds 000; DESIGN §3, §6).
+"""``MeteredCheckpointer``: a decorator that meters every call of another store.
 
 It delegates every method to the inner store's *public* method - so the inner store's own validation, its
 closed check and its own :meth:`~threadloom.persistence.base.Checkpointer.await_events_after` (the one that wakes
@@ -39,7 +39,7 @@ metric                                      kind       labels          what
 ``effect``, ``lookup_run``, ``prune``, ``sweep``, ``threads``, ``incomplete``.
 
 A takeover of a claim whose tenant differs from the request's is counted as ``granted``: the store does not
-reveal it to the claimant (seeds 000 "claim": a refusal never reveals another tenant's RunId), so neither does
+reveal it to the claimant, so neither does
 the meter.
 
 A meter that raises never changes a call's outcome (the call's result or error is what the caller gets); the
@@ -146,7 +146,7 @@ class _Op:
 
 
 class MeteredCheckpointer(ForwardingCheckpointer):
-    """Another store, with every call metered (seeds 000 ``MeteredCheckpointer``; DESIGN §3 "Stores").
+    """Another store, with every call metered.
 
     Each public method calls the inner store's public method of the same name with the same arguments and
     returns its result or raises its error unchanged (the inner store validates the call; the wrapper does not);

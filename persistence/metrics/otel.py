@@ -2,7 +2,7 @@
 
 Needs the ``metrics`` extra (``opentelemetry-api``) and, to export anything, an OpenTelemetry SDK configured by
 the application (``opentelemetry-sdk`` and an exporter or reader); the library never configures one. The API is
-imported when a meter is built, never when this module is imported (DESIGN §3, §6).
+imported when a meter is built, never when this module is imported.
 
 Names: a counter ``x_total`` becomes the OpenTelemetry ``Counter`` ``x`` (OpenTelemetry's convention: the
 ``_total`` suffix is added by a Prometheus exporter, not by the instrument); a histogram keeps its name, with

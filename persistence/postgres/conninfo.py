@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from threadloom.domain.errors import ProcessingError, ValidationError
+from threadloom.persistence.urls import url_secrets
 
 _URI_PREFIXES = ("postgresql://", "postgres://")  # as libpq spells them (case-sensitive)
 _PARSE_REFUSAL = re.compile(r'invalid (?:connection option|URI query parameter):? "([A-Za-z_][A-Za-z0-9_]*)"')
@@ -97,8 +98,6 @@ def parse(conninfo: str) -> dict[str, Any]:
 
 def secrets_of(conninfo: str, parts: dict[str, Any] | None, kwargs: dict[str, Any] | None = None) -> tuple[str, ...]:
     """Every form of every password ``conninfo`` (read as ``parts``) and ``kwargs`` hold, longest first."""
-    from threadloom.persistence import url_secrets
-
     found = set(url_secrets(conninfo))
     for source in (parts or {}, kwargs or {}):
         for key in ("password", "sslpassword"):

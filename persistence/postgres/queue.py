@@ -36,7 +36,7 @@ from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.postgres.calls import as_utc
-from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
+from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
 if TYPE_CHECKING:  # pragma: no cover
     from threadloom.persistence.postgres.calls import Database
@@ -49,7 +49,7 @@ def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     return codec.decode_queue_entry(row[:13], row[13] or (), as_utc)
 
 
-class PostgresRunQueue(RunQueue):
+class PostgresRunQueue(QueueBase):
     """The run queue of one :class:`PostgresCheckpointer` (``store.queue``); built by the store itself.
 
     Safe to call from any number of threads, and from any number of stores and processes over the same schema:

@@ -42,7 +42,7 @@ from threadloom.domain.clock import from_micros, to_micros
 from threadloom.domain.errors import StaleLease, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
 from threadloom.persistence import codec
-from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, RunQueue
+from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
 if TYPE_CHECKING:
     from threadloom.persistence.sqlite.connection import Database
@@ -193,7 +193,7 @@ def _later(field: str, now: datetime, span: timedelta) -> datetime:
         raise ValidationError(field, (f"{span} from now is past the largest time a store can record",)) from None
 
 
-class SqliteRunQueue(RunQueue):
+class SqliteRunQueue(QueueBase):
     """The run queue of one ``SqliteCheckpointer`` (``store.queue``); built by the store itself.
 
     Safe to call from any number of threads, and from any number of stores and processes over the same file:

@@ -34,9 +34,9 @@ JOURNAL_RETRY_MAX_PAUSE_S = 0.05
 """Longest pause, in seconds, between retries of ``PRAGMA journal_mode`` (retries end at the busy timeout)."""
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # 1: the whole schema. Every call's query is answered through one of these indexes (DESIGN §3 rule 9).
+    # 1: the whole schema. Every call's query is answered through one of these indexes.
     (
-        # The store-wide row: the token counter and the reclamation mark (DESIGN §3 rules 2 and 6).
+        # The store-wide row: the token counter and the reclamation mark.
         "CREATE TABLE store ("
         " id INTEGER PRIMARY KEY CHECK (id = 1),"
         " last_token INTEGER NOT NULL,"
@@ -92,7 +92,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX children_child ON children (child)",
         "CREATE INDEX children_listed ON children (parent, place) WHERE listed = 1",
     ),
-    # 2: the durable run queue (DESIGN §4): tables run_queue and run_queue_runs, see
+    # 2: the durable run queue: tables run_queue and run_queue_runs, see
     # :mod:`threadloom.persistence.sqlite.queue` for the columns and the call each index answers.
     QUEUE_MIGRATION,
 )

@@ -1,4 +1,4 @@
-"""The store contract suite: every rule of DESIGN §3 and every method paragraph of seeds 000, for any store.
+"""The store contract suite: every rule of the ``Checkpointer`` contract, method by method, for any store.
 
 A store's test module only says how to build its store::
 
@@ -45,7 +45,7 @@ class CheckpointerContract(
     RegistryContract,
     StorageContract,
 ):
-    """Every store's contract tests (DESIGN §3; seeds 000; the store paragraphs of seeds 003).
+    """Every store's contract tests.
 
     Subclass it with ``harness_class`` set to the store's :class:`StoreHarness`; override :meth:`make_harness`
     when the harness needs arguments.

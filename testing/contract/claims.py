@@ -1,4 +1,4 @@
-"""The contract suite: Claims, tokens and concurrency (rules 1-4; seeds 000 claim, renew, release)."""
+"""The contract suite: Claims, tokens and concurrency (claim, renew, release)."""
 
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ from threadloom.testing.harness import StoreHarness
 
 
 class ClaimsContract:
-    """Claims, tokens and concurrency (rules 1-4; seeds 000 claim, renew, release).
+    """Claims, tokens and concurrency (claim, renew, release).
 
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- claims (rule 1; seeds 000 claim, renew, release) ------------------------------------------------------------
+    # -- claims (claim, renew, release) ------------------------------------------------------------
 
     def test_claim_of_a_new_thread_needs_no_checkpoint(self, harness: StoreHarness, store: Checkpointer) -> None:
         ttl = harness.tick * LIVE
@@ -255,7 +255,7 @@ class ClaimsContract:
             claim(store, "g")  # after a restart
         assert all(later > earlier for earlier, later in itertools.pairwise(tokens)), tokens
 
-    # -- concurrency (rules 1-4; "several stores over one storage behave as one") ------------------------------------
+    # -- concurrency ("several stores over one storage behave as one") ------------------------------------
 
     def test_concurrent_claims_have_exactly_one_winner(self, harness: StoreHarness, store: Checkpointer) -> None:
         setup = Writer(store, harness, "race", holder="setup", tenant="acme")

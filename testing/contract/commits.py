@@ -1,4 +1,4 @@
-"""The contract suite: Commits (rules 3-4; seeds 000 commit)."""
+"""The contract suite: Commits (commit)."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ from threadloom.testing.harness import StoreHarness
 
 
 class CommitsContract:
-    """Commits (rules 3-4; seeds 000 commit).
+    """Commits.
 
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- commits (rules 3-4; seeds 000 commit) -------------------------------------------------------------------------
+    # -- commits -------------------------------------------------------------------------
 
     def test_commit_returns_what_a_later_read_returns(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t", tenant="acme")

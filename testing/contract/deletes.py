@@ -1,5 +1,5 @@
 """The contract suite, one rule group:
-Deletes and tombstones, effects and run lookup (rule 6; seeds 000 deleteThread, effect, lookupRun).
+Deletes and tombstones, effects and run lookup (delete_thread, effect, lookup_run).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from threadloom.testing.harness import StoreHarness
 
 
 class DeletesContract:
-    """Deletes and tombstones, effects and run lookup (rule 6; seeds 000 deleteThread, effect, lookupRun).
+    """Deletes and tombstones, effects and run lookup (delete_thread, effect, lookup_run).
 
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- deletes and tombstones (rule 6; seeds 000 deleteThread) ---------------------------------------------------
+    # -- deletes and tombstones (delete_thread) ---------------------------------------------------
 
     def test_delete_is_fenced_by_the_claim(self, harness: StoreHarness, store: Checkpointer) -> None:
         expect(StaleClaim, lambda: store.delete_thread("unknown", 3), thread_id="unknown", token=3, current=None)
@@ -137,7 +137,7 @@ class DeletesContract:
         second = Writer(store, harness, "t")
         assert seqs(second.emit(1)) == [1]
 
-    # -- effects and run lookup (seeds 000 effect, lookupRun) -------------------------------------------------------
+    # -- effects and run lookup (effect, lookup_run) -------------------------------------------------------
 
     def test_lookup_run_is_newest_by_position(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")

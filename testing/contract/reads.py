@@ -44,7 +44,7 @@ class ReadsContract:
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- history (rule 5; seeds 000 history, checkpoint, latest) -----------------------------------------------------
+    # -- history (history, checkpoint, latest) -----------------------------------------------------
 
     def test_history_pages_newest_first_by_position(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")
@@ -86,7 +86,7 @@ class ReadsContract:
         assert store.checkpoint("other", "c1") is None
         assert present(store.latest("t")).checkpoint.parent == "c1"
 
-    # -- children (seeds 000 children) -------------------------------------------------------------------------------
+    # -- children -------------------------------------------------------------------------------
 
     def test_children_page_oldest_first_by_first_commit(self, harness: StoreHarness, store: Checkpointer) -> None:
         Writer(store, harness, "P").step("p1")
@@ -139,7 +139,7 @@ class ReadsContract:
         expect(ValidationError, lambda: store.children("P", limit=10, after="k2"), field="after")
         assert store.children("P", limit=10) == ["k1", "k3"]
 
-    # -- events (rule 4; seeds 000 eventsAfter, compactEvents) ------------------------------------------------------
+    # -- events (events_after, compact_events) ------------------------------------------------------
 
     def test_events_are_numbered_and_read_ascending(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")
@@ -180,7 +180,7 @@ class ReadsContract:
         writer.delete()
         expect(ThreadDeleted, lambda: store.await_events_after("t", 2, 10, timedelta(0)), thread_id="t", first_seq=6)
 
-    # -- waiting for events (rule 11; seeds 000 awaitEventsAfter) -------------------------------------------------
+    # -- waiting for events (await_events_after) -------------------------------------------------
 
     def test_await_returns_at_once_when_events_exist(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")

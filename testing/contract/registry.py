@@ -1,4 +1,4 @@
-"""The contract suite: The registry and data-only storage (rule 10; seeds 000 threads, incomplete)."""
+"""The contract suite: The registry and data-only storage (threads, incomplete)."""
 
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ from threadloom.testing.harness import StoreHarness
 
 
 class RegistryContract:
-    """The registry and data-only storage (rule 10; seeds 000 threads, incomplete).
+    """The registry and data-only storage (threads, incomplete).
 
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- the registry (seeds 000 threads, incomplete) -------------------------------------------------------------
+    # -- the registry (threads, incomplete) -------------------------------------------------------------
 
     def _roots(
         self,

@@ -1,4 +1,4 @@
-"""The contract suite: Prune and sweep (rules 6-7; seeds 000 prune, sweep)."""
+"""The contract suite: Prune and sweep."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ from threadloom.testing.harness import StoreHarness
 
 
 class RetentionContract:
-    """Prune and sweep (rules 6-7; seeds 000 prune, sweep).
+    """Prune and sweep.
 
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- prune (seeds 000 prune; rule 7) ---------------------------------------------------------------------------
+    # -- prune ---------------------------------------------------------------------------
 
     def test_prune_by_count_keeps_the_newest_and_raises_the_floor(
         self, harness: StoreHarness, store: Checkpointer
@@ -138,7 +138,7 @@ class RetentionContract:
         store.compact_events("t", 2**63 - 1)
         assert store.events_after("t", 2**63 - 1, 1) == []
 
-    # -- sweep (seeds 000 sweep; rule 6) ---------------------------------------------------------------------------
+    # -- sweep ---------------------------------------------------------------------------
 
     def test_sweep_pages_every_thread_including_tombstones(self, harness: StoreHarness, store: Checkpointer) -> None:
         for name in ("s0", "s1", "s2", "s3", "s4"):

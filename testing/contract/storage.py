@@ -37,7 +37,7 @@ class StorageContract:
     Mixed into :class:`~threadloom.testing.contract.CheckpointerContract`.
     """
 
-    # -- stores over one storage; restarts (DESIGN §3; seeds 003) --------------------------------------------------
+    # -- stores over one storage; restarts --------------------------------------------------
 
     def test_sibling_store_sees_and_respects_the_same_threads(self, harness: StoreHarness, store: Checkpointer) -> None:
         if not harness.shared:
@@ -92,7 +92,7 @@ class StorageContract:
         assert store.claim("x", ClaimRequest(holder="r", ttl=harness.tick)).token > gone.token
         expect(ThreadDeleted, lambda: store.events_after("gone", 1, 10), first_seq=4)
 
-    # -- bad input and closed stores (DESIGN §2, rule 12) -----------------------------------------------------------
+    # -- bad input and closed stores -----------------------------------------------------------
 
     def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
         self, harness: StoreHarness, store: Checkpointer
