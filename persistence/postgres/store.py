@@ -73,7 +73,7 @@ from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
-from threadloom.persistence.postgres.calls import Database, as_utc
+from threadloom.persistence.postgres.calls import ConnectFailures, Database, as_utc
 from threadloom.persistence.postgres.config import (
     MAX_CALL_TIMEOUT,
     MAX_CONNECT_TIMEOUT,
@@ -82,7 +82,7 @@ from threadloom.persistence.postgres.config import (
     PostgresCheckpointerConfig,
     session_settings,
 )
-from threadloom.persistence.postgres.errors import map_error
+from threadloom.persistence.postgres.errors import connect_error, map_error
 from threadloom.persistence.postgres.listener import Listener, Waiters, listen_connection
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 from threadloom.persistence.postgres.registry import Registry
@@ -217,15 +217,22 @@ class PostgresCheckpointer(StoreBase):
 
             ClientCursor(conn).execute(settings)
 
+        kwargs = {"autocommit": True, "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds()))}
+        failures = ConnectFailures()
+        connection_class = failures.connection_class()
+        try:  # one connection first: a refusal is reported at once, with its cause, not after connect_timeout
+            connection_class.connect(text, **kwargs).close()
+        except Exception as error:
+            raise connect_error(
+                error, operation="open", target=target, scrub=lambda line: libpq.scrub(secrets, line)
+            ) from None
         try:
             pool = ConnectionPool(
                 text,
                 min_size=config.min_size,
                 max_size=config.max_size,
-                kwargs={
-                    "autocommit": True,
-                    "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds())),
-                },
+                kwargs=kwargs,
+                connection_class=connection_class,
                 configure=configure,
                 timeout=config.connect_timeout.total_seconds(),
                 open=False,
@@ -239,12 +246,13 @@ class PostgresCheckpointer(StoreBase):
             pool.open(wait=config.min_size > 0, timeout=config.connect_timeout.total_seconds())
         except Exception as error:
             pool.close(timeout=0)
+            cause = failures.last or libpq.first_line(error)
             raise StoreUnavailable(
                 "open",
                 f"cannot connect to PostgreSQL at {target} within {config.connect_timeout.total_seconds():g} s "
-                f"({libpq.scrub(secrets, libpq.first_line(error))})",
+                f"({libpq.scrub(secrets, cause)})",
             ) from None
-        return cls._migrated(pool, config, owns_pool=True, secrets=secrets, target=target)
+        return cls._migrated(pool, config, owns_pool=True, secrets=secrets, target=target, failures=failures)
 
     @classmethod
     def create(cls, pool: ConnectionPool, config: PostgresCheckpointerConfig | None = None) -> PostgresCheckpointer:
@@ -278,9 +286,10 @@ class PostgresCheckpointer(StoreBase):
     @classmethod
     def _migrated(
         cls, pool: ConnectionPool, config: PostgresCheckpointerConfig, *, owns_pool: bool, secrets: tuple[str, ...],
-        target: str,
+        target: str, failures: ConnectFailures | None = None,
     ) -> PostgresCheckpointer:  # fmt: skip
-        store = cls(Database(pool, config, owns_pool=owns_pool, secrets=secrets), target=target)
+        db = Database(pool, config, owns_pool=owns_pool, secrets=secrets, failures=failures)
+        store = cls(db, target=target)
         try:
             migrate(store._db, target)
         except BaseException:
