@@ -596,6 +596,12 @@ class FaultBench:
             "SELECT state, wait_event_type FROM pg_stat_activity WHERE application_name = %s", (app,)
         ).fetchall()
 
+    def listening(self, app: str) -> bool:
+        """Whether the store of the application ``app`` has its listener's ``LISTEN`` done."""
+        return bool(self.admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle' AND query LIKE 'LISTEN%%'",
+            (app,)).fetchall())  # fmt: skip
+
     def lock_every_table(self) -> psycopg.Connection:
         """Another client's transaction that holds every table of the schema in ACCESS EXCLUSIVE mode."""
         conn = psycopg.connect(self.harness.dsn)
@@ -649,7 +655,7 @@ def test_a_fault_at_any_point_of_any_call_is_bounded_and_all_or_nothing(
         store.latest("t")
         store.await_events_after("t", 99, 1, timedelta(milliseconds=10))  # starts the listener
         assert settled(store.pool)
-        assert wait_for(lambda: bench.backends(app) == [("idle", "Client")] * 3), "pool and listener idle"
+        assert wait_for(lambda: bench.backends(app) == [("idle", "Client")] * 3 and bench.listening(app)), "idle"
         if point == "idle":
             proxy.reset_all()
             time.sleep(0.05)  # the pool's connections are now closed on the client's side

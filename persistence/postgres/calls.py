@@ -70,9 +70,9 @@ class ConnectFailures:
 
         failures = self
 
-        class RecordingConnection(psycopg.Connection):  # type: ignore[type-arg]
+        class RecordingConnection(psycopg.Connection):
             @classmethod
-            def connect(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            def connect(cls, *args: Any, **kwargs: Any) -> Any:
                 try:
                     conn = super().connect(*args, **kwargs)
                 except Exception as error:

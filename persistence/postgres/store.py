@@ -130,6 +130,9 @@ class PostgresCheckpointer(StoreBase):
 
     * returns within ``connect_timeout`` (waiting for a connection) plus ``call_timeout`` (plus a margin of at
       most 250 ms); past that it raises, its connection aborted and discarded;
+    * runs on a connection the server has not ended: pooled connections that a restart, a failover,
+      ``pg_terminate_backend`` or a reset path ended while idle are found before anything is sent and replaced,
+      so such a fault between calls fails no call and the store need not be reopened;
     * a failure is a ``ProcessingError`` of the kind a caller can act on, naming the operation and thread:
       ``StoreUnavailable`` when nothing was applied and the call may pass later (no connection, a lost
       connection or the deadline on a read, the server's statement or lock timeout, a deadlock) - retry it;
@@ -187,11 +190,15 @@ class PostgresCheckpointer(StoreBase):
             ValidationError: ``conninfo`` is not a str or not a connection string libpq can parse, its
                 ``schema`` parameter is not a valid schema name (field ``conninfo``), or ``config`` is not a
                 ``PostgresCheckpointerConfig``. Nothing was connected to.
-            StoreUnavailable: the database cannot be reached within ``connect_timeout``, or did not answer
-                while migrating. Retrying is safe (opening writes nothing a retry could repeat).
+            StoreUnavailable: the server refused the first connection in a way waiting may heal (refused, no
+                answer within ``connect_timeout``, starting up or shutting down, no free connection slot) -
+                reported at once with psycopg's reason - or did not answer while migrating. Retrying is safe
+                (opening writes nothing a retry could repeat).
             StoreCorrupt: the schema is at a version newer than this code.
-            ProcessingError: the ``postgres`` extra is missing, or the schema holds no store and
-                ``config.create`` is False.
+            ProcessingError: (plain, not retryable) the connection string names what is not there or is not
+                admitted - no such database, role or host, authentication refused - reported at once with the
+                server's reason, never the password; the ``postgres`` extra is missing; or the schema holds no
+                store and ``config.create`` is False.
         """
         if not isinstance(conninfo, str):
             raise ValidationError("conninfo", (f"must be a str, got {type(conninfo).__name__}",))
