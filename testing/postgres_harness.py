@@ -234,6 +234,243 @@ class StallingProxy:
                     pass
 
 
+class _Pair:
+    """One connection through a :class:`FaultProxy`: the client's socket and the server's."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.held = False  # stalled: nothing more is forwarded, and what it holds is never delivered
+        self.used = False  # it carried a request before: an armed fault never hits a connection being opened
+
+    def close(self) -> None:
+        for sock in (self.client, self.upstream):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+class FaultProxy:
+    """A TCP proxy on loopback in front of the test server that breaks connections at a chosen point of a call.
+
+    A *stall* stops a connection: nothing more is forwarded either way, and what it held is never delivered (a
+    path that went silent and then died). A *reset* closes both of its sockets at once. Either can hit every
+    connection now (:meth:`stall_all`, :meth:`reset_all`), or be armed (:meth:`arm`) to hit the next request a
+    client sends on a connection that carried one before (never one being opened): ``"request"`` before any of
+    its bytes reach the server, ``"answer"`` after they did, when the server's first answer comes back (for a
+    one-statement transaction: after it committed). :meth:`heal` drops the stalled connections and forwards
+    again. Every loop is bounded by :meth:`close`.
+
+    Args:
+        dsn: the server to forward to (its host and port).
+
+    Attributes:
+        dsn: ``dsn`` with host and port replaced by the proxy's.
+        fired: set once an armed fault hit.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+        self._upstream = (str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)
+        parts.update(host="127.0.0.1", port=str(self._server.getsockname()[1]))
+        self.dsn = make_conninfo("", **parts)
+        self.fired = threading.Event()
+        self._closed = threading.Event()
+        self._armed: tuple[str, str] | None = None
+        self._target: _Pair | None = None
+        self._pairs: list[_Pair] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="threadloom-test-fault-proxy", daemon=True).start()
+
+    def arm(self, point: str, action: str) -> None:
+        """The next request any client sends meets ``action`` (``"stall"``/``"reset"``) at ``point``
+        (``"request"``: before it reaches the server; ``"answer"``: before the server's answer reaches it)."""
+        assert point in ("request", "answer") and action in ("stall", "reset")
+        with self._lock:
+            self.fired.clear()
+            self._armed, self._target = (point, action), None
+
+    def stall_all(self) -> None:
+        """Stalls every open connection (new ones are forwarded: a pool can replace what it gives up)."""
+        with self._lock:
+            for pair in self._pairs:
+                pair.held = True
+
+    def reset_all(self) -> None:
+        """Resets every connection now."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            pair.close()
+
+    def heal(self) -> None:
+        """Drops every stalled connection, disarms, and forwards again."""
+        with self._lock:
+            self._armed, self._target = None, None
+            held = [pair for pair in self._pairs if pair.held]
+            self._pairs = [pair for pair in self._pairs if not pair.held]
+        for pair in held:
+            pair.close()
+
+    def close(self) -> None:
+        """Closes the proxy and every connection through it."""
+        self._closed.set()
+        self.reset_all()
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            pair = _Pair(client, upstream)
+            with self._lock:
+                self._pairs.append(pair)
+            for upward in (True, False):
+                threading.Thread(target=self._pump, args=(pair, upward), daemon=True).start()
+
+    def _fault(self, pair: _Pair, upward: bool) -> str | None:
+        """The action to take instead of forwarding a chunk (None: forward it)."""
+        with self._lock:
+            if self._armed is None:
+                return None
+            point, action = self._armed
+            if upward and self._target is None:
+                if not pair.used:
+                    return None
+                self._target = pair
+                if point == "answer":
+                    return None
+            elif upward or pair is not self._target or point != "answer":
+                return None
+            self._armed = None
+            self.fired.set()
+            return action
+
+    def _pump(self, pair: _Pair, upward: bool) -> None:
+        src, dst = (pair.client, pair.upstream) if upward else (pair.upstream, pair.client)
+        try:
+            while not self._closed.is_set():
+                if pair.held:
+                    time.sleep(0.005)
+                    continue
+                readable, _, _ = select.select([src], [], [], 0.05)
+                if not readable or pair.held:
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                action = self._fault(pair, upward)
+                if action == "reset":
+                    break
+                if action == "stall":
+                    pair.held = True
+                    continue
+                dst.sendall(data)
+                pair.used = pair.used or upward
+        except (OSError, ValueError):  # closed by the other direction's pump or by a reset
+            pass
+        finally:
+            if not pair.held:
+                pair.close()
+
+
+class PrivateServer:
+    """A PostgreSQL server of one test's own, which it may stop, restart and throw away (never the shared one).
+
+    ``initdb`` into a temporary directory and ``pg_ctl`` on a free loopback port, with password (SCRAM)
+    authentication for TCP. Run as the ``postgres`` OS user (``runuser``) when the tests run as root, as the
+    server refuses root. The binaries are found under ``/usr/lib/postgresql/<version>/bin`` or on ``PATH``;
+    without them the test skips (fails when ``CI=true``), as :func:`postgres_dsn` does.
+
+    Attributes:
+        password: the ``postgres`` role's password.
+        dsn: a ``postgresql://`` URL of the server's ``postgres`` database with that password.
+        port: the server's port.
+    """
+
+    password = "s3cret-of-the-private-server"
+
+    def __init__(self) -> None:
+        import glob
+        import shutil
+        import subprocess
+        import tempfile
+
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=_version_key)
+        initdb = found[-1] if found else shutil.which("initdb")
+        if initdb is None:
+            reason = "a private PostgreSQL server needs initdb and pg_ctl (install the postgresql server package)"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(reason)
+            pytest.skip(reason)
+        self._bin = os.path.dirname(initdb)
+        self._run = subprocess.run
+        self._prefix: list[str] = []
+        self._dir = tempfile.mkdtemp(prefix="threadloom-pg-")
+        if os.geteuid() == 0:
+            self._prefix = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self._dir, "postgres", "postgres")
+        self._data = os.path.join(self._dir, "data")
+        with socket.create_server(("127.0.0.1", 0)) as probe:
+            self.port = probe.getsockname()[1]
+        pwfile = os.path.join(self._dir, "pw")
+        with open(pwfile, "w") as handle:
+            handle.write(self.password + "\n")
+        if self._prefix:
+            shutil.chown(pwfile, "postgres", "postgres")
+        self._pg("initdb", "-D", self._data, "-U", "postgres", "--auth-host=scram-sha-256", "--auth-local=trust",
+                 f"--pwfile={pwfile}", "--no-sync", "-E", "UTF8")  # fmt: skip
+        self.dsn = f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/postgres"
+        self.start()
+
+    def _pg(self, tool: str, *args: str) -> None:
+        done = self._run([*self._prefix, os.path.join(self._bin, tool), *args], capture_output=True, text=True,
+                         timeout=120, cwd=self._dir)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
+
+    def start(self) -> None:
+        """Starts the server and waits until it accepts connections."""
+        options = f"-p {self.port} -k {self._dir} -c listen_addresses=127.0.0.1"
+        self._pg("pg_ctl", "-D", self._data, "-o", options, "-l", os.path.join(self._dir, "log"), "-w", "-t", "60",
+                 "start")  # fmt: skip
+
+    def stop(self) -> None:
+        """Stops the server the way a restart does (``-m fast``: sessions are ended, work is rolled back)."""
+        self._pg("pg_ctl", "-D", self._data, "-m", "fast", "-w", "-t", "60", "stop")
+
+    def destroy(self) -> None:
+        """Stops the server (immediately) and removes its directory."""
+        import shutil
+
+        try:
+            self._pg("pg_ctl", "-D", self._data, "-m", "immediate", "-w", "-t", "60", "stop")
+        except Exception:
+            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    part = path.split("/")[-3]
+    return tuple(int(piece) for piece in part.split(".") if piece.isdigit())
+
+
 class PgHarness(StoreHarness):
     """One :class:`PostgresCheckpointer` in a schema of its own; its sibling is a second store on the schema.
 
@@ -314,9 +551,11 @@ class PgCallerPoolHarness(PgHarness):
 __all__ = [
     "DEFAULT_DSN",
     "ENV_DSN",
+    "FaultProxy",
     "PgCallerPoolHarness",
     "PgHarness",
     "PgPairHarness",
+    "PrivateServer",
     "StallingProxy",
     "drop_schema",
     "new_schema_name",

@@ -15,7 +15,13 @@ reaches into another's internals. Its interface, internal to the package:
 
 How a call runs:
 
-* It takes a pooled connection (psycopg 3 + psycopg_pool; each call its own) in autocommit mode.
+* It takes a pooled connection (psycopg 3 + psycopg_pool; each call its own) in autocommit mode, and first
+  makes sure, without a round trip, that the connection has not been ended while it sat idle
+  (:func:`ended_while_idle`): the server ends a session by sending its last words and closing the socket (a
+  restart, a failover, ``pg_terminate_backend``, ``idle_session_timeout``), and a reset network path closes it,
+  so the socket of such a connection is readable although no call is running on it. Every such connection
+  met is discarded (the pool opens a replacement) and the next one is taken, within ``connect_timeout``: a
+  fault between calls costs no call, and a write is never sent on a connection known dead.
 * With a pool of the store's own, the server-side limits (``statement_timeout``, ``lock_timeout``,
   ``idle_in_transaction_session_timeout``, all ``call_timeout``) are session settings its ``configure`` callback
   set once per connection, so a write is a single prepared statement with binary parameters. Over a caller's pool
@@ -30,6 +36,7 @@ How a call runs:
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +52,59 @@ from threadloom.persistence.postgres.watchdog import Watchdog
 
 if TYPE_CHECKING:  # pragma: no cover
     from psycopg_pool import ConnectionPool
+
+
+class ConnectFailures:
+    """Why the latest attempt to open a connection failed (None once one succeeds), for the store's own pool.
+
+    :meth:`connection_class` is the ``connection_class`` given to the pool: psycopg's ``Connection`` that also
+    records the first line of each failure, so a call that finds no connection can say why.
+    """
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def connection_class(self) -> type[Any]:
+        """A ``psycopg.Connection`` subclass whose ``connect`` records its outcome here."""
+        import psycopg
+
+        failures = self
+
+        class RecordingConnection(psycopg.Connection):
+            @classmethod
+            def connect(cls, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    conn = super().connect(*args, **kwargs)
+                except Exception as error:
+                    failures.last = conninfo.first_line(error) or type(error).__name__
+                    raise
+                failures.last = None
+                return conn
+
+        RecordingConnection.__qualname__ = "RecordingConnection"  # as the pool's log lines name it
+        return RecordingConnection
+
+
+def ended_while_idle(conn: Any) -> bool:
+    """Whether an idle connection is known to be dead, without a round trip to the server.
+
+    True when psycopg knows it closed or broken, or when its socket is readable: nothing is running on an idle
+    connection, so the server has nothing to say on it unless it ended the session (its last message and the
+    close, or a reset of the path). False says only that no end was seen: a path that died silently shows up
+    as the call's own failure.
+    """
+    if conn.closed or conn.broken:
+        return True
+    try:
+        fd = conn.pgconn.socket
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable)
+    except Exception:  # no socket: it is not usable either
+        return True
 
 
 def as_utc(when: datetime) -> datetime:
@@ -63,10 +123,18 @@ class Database:
         owns_pool: whether the pool is the store's own (its connections carry the limits as session settings,
             and :meth:`close` closes it).
         secrets: every form of the connection string's password, scrubbed from error text.
+        failures: where the store's own pool records why its attempts to connect failed (None for a caller's
+            pool).
     """
 
     def __init__(
-        self, pool: ConnectionPool, config: PostgresCheckpointerConfig, *, owns_pool: bool, secrets: tuple[str, ...]
+        self,
+        pool: ConnectionPool,
+        config: PostgresCheckpointerConfig,
+        *,
+        owns_pool: bool,
+        secrets: tuple[str, ...],
+        failures: ConnectFailures | None = None,
     ) -> None:
         from psycopg import ClientCursor, sql
         from psycopg.rows import tuple_row
@@ -78,6 +146,7 @@ class Database:
         """Set by :meth:`close`: a call that then finds no connection is :class:`StoreClosed`."""
         self.watchdog = Watchdog(config.schema)
         self._secrets = secrets
+        self._failures = failures
         self._cursor = ClientCursor
         self._tuple_row = tuple_row
         self._connect_s = config.connect_timeout.total_seconds()
@@ -111,7 +180,8 @@ class Database:
         broken: bool | None = None,
         answered: bool = False,
     ) -> ThreadloomError:
-        """:func:`~threadloom.persistence.postgres.errors.map_error` with this store's bound and secrets."""
+        """:func:`~threadloom.persistence.postgres.errors.map_error` with this store's bound and secrets, and why
+        the last attempt to connect failed."""
         return map_error(
             error,
             operation=operation,
@@ -122,21 +192,31 @@ class Database:
             scrub=lambda text: conninfo.scrub(self._secrets, text),
             broken=broken,
             answered=answered,
+            connect_failure=self._failures.last if self._failures is not None else None,
         )
 
     def checkout(self, operation: str, thread_id: str | None) -> tuple[Any, bool]:
-        """A connection from the pool in autocommit mode, and whether to restore manual commit on return.
+        """A live connection from the pool in autocommit mode, and whether to restore manual commit on return.
+
+        Every connection :func:`ended_while_idle` that the pool hands out is discarded and the next one taken,
+        all within ``connect_timeout``.
 
         Raises:
             StoreClosed: the store is closed.
-            StoreUnavailable: no connection within ``connect_timeout``.
+            StoreUnavailable: no live connection within ``connect_timeout`` (naming why the last attempt to
+                connect failed, when the store's own pool made one).
         """
-        try:
-            conn = self.pool.getconn(timeout=self._connect_s)
-        except Exception as error:
-            if self.closed:
-                raise StoreClosed(operation, "the store is closed; open a new one") from None
-            raise self.error(error, operation, thread_id, write=False, aborted=None) from None
+        deadline = time.monotonic() + self._connect_s
+        while True:
+            try:
+                conn = self.pool.getconn(timeout=max(0.001, deadline - time.monotonic()))
+            except Exception as error:
+                if self.closed:
+                    raise StoreClosed(operation, "the store is closed; open a new one") from None
+                raise self.error(error, operation, thread_id, write=False, aborted=None) from None
+            if not ended_while_idle(conn):
+                break
+            self.give_back(conn, discard=True)
         restore = False
         try:
             if not conn.autocommit:
@@ -233,4 +313,4 @@ class Database:
                 pass
 
 
-__all__ = ["Database", "as_utc"]
+__all__ = ["ConnectFailures", "Database", "as_utc", "ended_while_idle"]

@@ -19,10 +19,16 @@ kind                   when
 ``CancelledError``     the call's ``cancel`` event was set
 ``ProcessingError``    anything else, e.g. a value the driver could not convert (nothing was sent)
 =====================  ===========================================================================================
+
+A connection that cannot be opened (:func:`connect_error`) is ``StoreUnavailable`` when waiting may heal it (the
+server refused or did not answer, is starting or shutting down, has no free slot) and a plain
+``ProcessingError`` when it cannot (no such database or role, authentication refused, an unknown host): a
+connection string that names what is not there does not work by waiting.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -42,6 +48,49 @@ _CONNECTION_LOST = frozenset({"57P01", "57P02", "57P03", "25P03"})
 _SCHEMA_MISSING = frozenset({"3F000", "42P01"})
 _SCHEMA_MISMATCH = frozenset({"42883", "42703", "42804"})
 _DATA_CORRUPT = frozenset({"XX001", "XX002"})
+
+
+_CANNOT_HEAL = (
+    "does not exist",  # 3D000 no such database, 28000 no such role
+    "authentication failed",  # 28P01 password, and peer, ident, cert... authentication
+    "no pg_hba.conf entry",  # 28000 the server admits no such connection
+    "no password supplied",  # the server asks for a password the string does not give
+    "not permitted to log in",  # 28000 a role without LOGIN
+    "permission denied for database",  # 42501 no CONNECT privilege
+    "does not support SSL",  # sslmode=require against a server without SSL
+    f"[Errno {socket.EAI_NONAME}]",  # psycopg's "failed to resolve host": no such name
+)
+"""Parts of the first line of a failed connection's message that no wait can heal. libpq reports no SQLSTATE for
+a connection the server refused (only its message, in the server's ``lc_messages``), so this is the one
+classification by text; an unrecognised message counts as one that may heal."""
+
+
+def connect_error(
+    error: BaseException, *, operation: str, target: str, scrub: Callable[[str], str] = lambda text: text
+) -> ThreadloomError:
+    """The threadloom error for a connection to ``target`` (``user@host:port/dbname``) that could not be opened.
+
+    Returns:
+        :class:`StoreUnavailable` when the same attempt may pass later (refused, no answer within the connect
+        timeout, the server starting up, shutting down or out of connection slots, a temporary name-service
+        failure); a plain :class:`ProcessingError` (not retryable) when the connection string names what is not
+        there or is not admitted (no such database, role or host, authentication refused). The message is
+        psycopg's own first line (``database "x" does not exist``, ``Connection refused``…), ``scrub``-bed of
+        secrets.
+    """
+    if isinstance(error, ThreadloomError):
+        return error
+    text = str(error).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # libpq: 'connection to server at "h", port p failed: FATAL:  <why>', then hint lines; the target is known
+    why = lines[0].rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip() if lines else type(error).__name__
+    hints = [line for line in lines[1:] if not line.startswith("connection to server")]
+    detail = scrub(why + (f" ({' '.join(hints)})" if hints else ""))
+    if any(part in text for part in _CANNOT_HEAL):
+        return ProcessingError(
+            operation, f"cannot connect to PostgreSQL at {target}: {detail}; check the connection string"
+        )
+    return StoreUnavailable(operation, f"cannot connect to PostgreSQL at {target}: {detail}; retry later")
 
 
 def _is_connection_error(error: BaseException) -> bool:
@@ -64,6 +113,7 @@ def map_error(
     scrub: Callable[[str], str] = lambda text: text,
     broken: bool | None = None,
     answered: bool = False,
+    connect_failure: str | None = None,
 ) -> ThreadloomError:
     """The threadloom error for a failure of a database call (see the module docstring for the kinds).
 
@@ -93,6 +143,7 @@ def map_error(
         scrub: removes secrets (the connection string's password) from driver text.
         broken: whether the call's connection is closed or broken after the error (None: not known).
         answered: whether the server had answered the statement (the error came while reading its rows).
+        connect_failure: why the pool's last attempt to open a connection failed, named when no connection came.
 
     Returns:
         The error to raise (the caller raises it ``from None``: driver text may hold a password).
@@ -107,6 +158,12 @@ def map_error(
     detail = scrub(first_line(error))
     kind = type(error).__name__
     if kind in ("PoolTimeout", "TooManyRequests"):
+        if connect_failure:
+            return StoreUnavailable(
+                operation,
+                f"no database connection within the connect timeout{where}: the last attempt to connect failed "
+                f"({scrub(connect_failure)})",
+            )
         return StoreUnavailable(
             operation, f"no database connection became free within the connect timeout{where} ({detail})"
         )
@@ -167,4 +224,4 @@ def _server_side(operation: str, where: str, sqlstate: str, detail: str, bound: 
     return ProcessingError(operation, f"the database failed{where}: [{sqlstate}] {detail}")
 
 
-__all__ = ["map_error"]
+__all__ = ["connect_error", "map_error"]

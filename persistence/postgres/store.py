@@ -74,7 +74,7 @@ from threadloom.persistence.check import CheckReport
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
-from threadloom.persistence.postgres.calls import Database, as_utc
+from threadloom.persistence.postgres.calls import ConnectFailures, Database, as_utc
 from threadloom.persistence.postgres.check import check as check_store
 from threadloom.persistence.postgres.config import (
     MAX_CALL_TIMEOUT,
@@ -84,7 +84,7 @@ from threadloom.persistence.postgres.config import (
     PostgresCheckpointerConfig,
     session_settings,
 )
-from threadloom.persistence.postgres.errors import map_error
+from threadloom.persistence.postgres.errors import connect_error, map_error
 from threadloom.persistence.postgres.listener import Listener, Waiters, listen_connection
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 from threadloom.persistence.postgres.registry import Registry
@@ -132,6 +132,9 @@ class PostgresCheckpointer(StoreBase):
 
     * returns within ``connect_timeout`` (waiting for a connection) plus ``call_timeout`` (plus a margin of at
       most 250 ms); past that it raises, its connection aborted and discarded;
+    * runs on a connection the server has not ended: pooled connections that a restart, a failover,
+      ``pg_terminate_backend`` or a reset path ended while idle are found before anything is sent and replaced,
+      so such a fault between calls fails no call and the store need not be reopened;
     * a failure is a ``ProcessingError`` of the kind a caller can act on, naming the operation and thread:
       ``StoreUnavailable`` when nothing was applied and the call may pass later (no connection, a lost
       connection or the deadline on a read, the server's statement or lock timeout, a deadlock) - retry it;
@@ -189,11 +192,15 @@ class PostgresCheckpointer(StoreBase):
             ValidationError: ``conninfo`` is not a str or not a connection string libpq can parse, its
                 ``schema`` parameter is not a valid schema name (field ``conninfo``), or ``config`` is not a
                 ``PostgresCheckpointerConfig``. Nothing was connected to.
-            StoreUnavailable: the database cannot be reached within ``connect_timeout``, or did not answer
-                while migrating. Retrying is safe (opening writes nothing a retry could repeat).
+            StoreUnavailable: the server refused the first connection in a way waiting may heal (refused, no
+                answer within ``connect_timeout``, starting up or shutting down, no free connection slot) -
+                reported at once with psycopg's reason - or did not answer while migrating. Retrying is safe
+                (opening writes nothing a retry could repeat).
             StoreCorrupt: the schema is at a version newer than this code.
-            ProcessingError: the ``postgres`` extra is missing, or the schema holds no store and
-                ``config.create`` is False.
+            ProcessingError: (plain, not retryable) the connection string names what is not there or is not
+                admitted - no such database, role or host, authentication refused - reported at once with the
+                server's reason, never the password; the ``postgres`` extra is missing; or the schema holds no
+                store and ``config.create`` is False.
         """
         if not isinstance(conninfo, str):
             raise ValidationError("conninfo", (f"must be a str, got {type(conninfo).__name__}",))
@@ -219,15 +226,22 @@ class PostgresCheckpointer(StoreBase):
 
             ClientCursor(conn).execute(settings)
 
+        kwargs = {"autocommit": True, "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds()))}
+        failures = ConnectFailures()
+        connection_class = failures.connection_class()
+        try:  # one connection first: a refusal is reported at once, with its cause, not after connect_timeout
+            connection_class.connect(text, **kwargs).close()
+        except Exception as error:
+            raise connect_error(
+                error, operation="open", target=target, scrub=lambda line: libpq.scrub(secrets, line)
+            ) from None
         try:
             pool = ConnectionPool(
                 text,
                 min_size=config.min_size,
                 max_size=config.max_size,
-                kwargs={
-                    "autocommit": True,
-                    "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds())),
-                },
+                kwargs=kwargs,
+                connection_class=connection_class,
                 configure=configure,
                 timeout=config.connect_timeout.total_seconds(),
                 open=False,
@@ -241,12 +255,13 @@ class PostgresCheckpointer(StoreBase):
             pool.open(wait=config.min_size > 0, timeout=config.connect_timeout.total_seconds())
         except Exception as error:
             pool.close(timeout=0)
+            cause = failures.last or libpq.first_line(error)
             raise StoreUnavailable(
                 "open",
                 f"cannot connect to PostgreSQL at {target} within {config.connect_timeout.total_seconds():g} s "
-                f"({libpq.scrub(secrets, libpq.first_line(error))})",
+                f"({libpq.scrub(secrets, cause)})",
             ) from None
-        return cls._migrated(pool, config, owns_pool=True, secrets=secrets, target=target)
+        return cls._migrated(pool, config, owns_pool=True, secrets=secrets, target=target, failures=failures)
 
     @classmethod
     def create(cls, pool: ConnectionPool, config: PostgresCheckpointerConfig | None = None) -> PostgresCheckpointer:
@@ -280,9 +295,10 @@ class PostgresCheckpointer(StoreBase):
     @classmethod
     def _migrated(
         cls, pool: ConnectionPool, config: PostgresCheckpointerConfig, *, owns_pool: bool, secrets: tuple[str, ...],
-        target: str,
+        target: str, failures: ConnectFailures | None = None,
     ) -> PostgresCheckpointer:  # fmt: skip
-        store = cls(Database(pool, config, owns_pool=owns_pool, secrets=secrets), target=target)
+        db = Database(pool, config, owns_pool=owns_pool, secrets=secrets, failures=failures)
+        store = cls(db, target=target)
         try:
             migrate(store._db, target)
         except BaseException:
