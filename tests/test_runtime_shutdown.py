@@ -13,11 +13,11 @@ import sys
 import textwrap
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from threadloom import ClaimRequest, CheckpointStatus, SqliteCheckpointer
+from threadloom import CheckpointStatus, ClaimRequest, Commit, EventDraft, SqliteCheckpointer
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -30,7 +30,7 @@ NODE_S = 2.0
 WORKER = textwrap.dedent(
     """
     import sys, time
-    from datetime import timedelta
+    from datetime import UTC, datetime, timedelta
     from threadloom import ClaimPolicy, Graph, GraphRuntime, ServePolicy, SqliteCheckpointer, Step
 
     def slow(state, ctx):
@@ -150,3 +150,32 @@ def test_a_second_sigint_abandons_the_node_in_flight_and_exits_130(db, tmp_path)
         latest = store.latest("t1").checkpoint
         assert latest.status is CheckpointStatus.RUNNING and latest.state == {"q": 1}  # the node's step dropped
     _entry_and_claim_are_free(db)
+
+
+def test_events_follow_ends_cleanly_on_sigterm(tmp_path):
+    path = str(tmp_path / "follow.db")
+    with SqliteCheckpointer.open(path) as store:
+        claim = store.claim("t1", ClaimRequest(holder="run-1", ttl=timedelta(minutes=5)))
+        hello = EventDraft(run_id="run-1", type="hello", timestamp=datetime.now(UTC))
+        store.commit("t1", Commit(token=claim.token, events=[hello]))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--store", f"sqlite:///{path}", "--json", "events", "t1", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert follower.stdout is not None
+        assert '"hello"' in follower.stdout.readline()  # printed the first event: now it waits for more
+        time.sleep(0.2)
+        follower.send_signal(signal.SIGTERM)
+        status = follower.wait(timeout=PROMPT_S)
+        assert follower.stderr is not None
+        stderr = follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert status == 0, stderr  # today: 143, killed by the signal
+    assert "Traceback" not in stderr
