@@ -11,6 +11,7 @@ store's public method, so a call is validated once, by the store at the end of t
 from __future__ import annotations
 
 import abc
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -357,7 +358,7 @@ class StoreBase(Checkpointer):
     def slow_call(self) -> timedelta | None:
         """A call that takes longer than this (default 1 s) is logged as ``store.call_slow`` with ``op``,
         ``thread_id`` and ``duration_ms``, whatever its outcome; None: never. Set it (or ``open_store``'s
-        ``slow_call`` option) to a ``timedelta``; ``timedelta(0)`` or None turns it off. It covers every
+        ``slow_call`` option) to a ``timedelta``; ``timedelta(0)`` or None turns it off (no clock is read then). It covers every
         public call of the store and of its ``queue`` but ``await_events_after`` (a wait by design).
 
         Raises:
@@ -372,10 +373,11 @@ class StoreBase(Checkpointer):
             self.queue._slow_s = self._slow_s
 
     def _begin(self, operation: str) -> float:
-        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds)."""
+        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds), or 0.0
+        when ``slow_call`` is off (no clock is read)."""
         if self._closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
-        return perf_counter()
+        return perf_counter() if self._slow_s != math.inf else 0.0
 
     def _slow(self, operation: str, thread_id: str | None, started: float) -> None:
         log_slow_call(self, operation, thread_id, started, self._slow_s)
@@ -397,7 +399,7 @@ class StoreBase(Checkpointer):
         try:
             return self._claim(thread_id, request)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("claim", thread_id, started)
 
     def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
@@ -408,7 +410,7 @@ class StoreBase(Checkpointer):
         try:
             return self._renew(thread_id, token, ttl)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("renew", thread_id, started)
 
     def release(self, thread_id: str, token: int) -> None:
@@ -418,7 +420,7 @@ class StoreBase(Checkpointer):
         try:
             self._release(thread_id, token)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("release", thread_id, started)
 
     # -- commits -------------------------------------------------------------------------------------------------
@@ -432,7 +434,7 @@ class StoreBase(Checkpointer):
         try:
             return self._commit(thread_id, encoded)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("commit", thread_id, started)
 
     # -- reads -----------------------------------------------------------------------------------------------------
@@ -443,7 +445,7 @@ class StoreBase(Checkpointer):
         try:
             return self._latest(thread_id)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("latest", thread_id, started)
 
     def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
@@ -453,7 +455,7 @@ class StoreBase(Checkpointer):
         try:
             return self._checkpoint(thread_id, checkpoint_id)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("checkpoint", thread_id, started)
 
     def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
@@ -464,7 +466,7 @@ class StoreBase(Checkpointer):
         try:
             return self._history(thread_id, limit, before)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("history", thread_id, started)
 
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
@@ -477,7 +479,7 @@ class StoreBase(Checkpointer):
         try:
             return self._children(parent, limit, after)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("children", parent, started)
 
     def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
@@ -488,7 +490,7 @@ class StoreBase(Checkpointer):
         try:
             return self._events_after(thread_id, after_seq, limit)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("events_after", thread_id, started)
 
     def await_events_after(
@@ -535,7 +537,7 @@ class StoreBase(Checkpointer):
         try:
             self._compact_events(thread_id, before_seq)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("compact_events", thread_id, started)
 
     def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
@@ -552,7 +554,7 @@ class StoreBase(Checkpointer):
         try:
             self._delete_thread(thread_id, token, fence)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("delete_thread", thread_id, started)
 
     def effect(self, thread_id: str, key: str) -> EffectRecord | None:
@@ -562,7 +564,7 @@ class StoreBase(Checkpointer):
         try:
             return self._effect(thread_id, key)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("effect", thread_id, started)
 
     def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
@@ -574,7 +576,7 @@ class StoreBase(Checkpointer):
         try:
             return self._lookup_run(thread_id, ids)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("lookup_run", thread_id, started)
 
     def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
@@ -584,7 +586,7 @@ class StoreBase(Checkpointer):
         try:
             self._prune(thread_id, policy)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("prune", thread_id, started)
 
     def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
@@ -596,7 +598,7 @@ class StoreBase(Checkpointer):
         try:
             return self._sweep(policy, guard, after)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("sweep", None, started)
 
     def threads(self, query: ThreadQuery) -> ThreadPage:
@@ -605,7 +607,7 @@ class StoreBase(Checkpointer):
         try:
             return self._threads(query)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("threads", None, started)
 
     def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
@@ -617,7 +619,7 @@ class StoreBase(Checkpointer):
         try:
             return self._incomplete(tenant_id, limit, after)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("incomplete", None, started)
 
     # -- what a store implements -----------------------------------------------------------------------------------

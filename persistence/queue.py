@@ -34,6 +34,7 @@ The rules every queue shares:
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from time import perf_counter
@@ -221,10 +222,11 @@ class QueueBase(RunQueue):
     """The store's ``slow_call`` in seconds (infinity: never); set through the store's ``slow_call``."""
 
     def _begin(self, operation: str) -> float:
-        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds)."""
+        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds), or 0.0
+        when ``slow_call`` is off (no clock is read)."""
         if self.closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
-        return perf_counter()
+        return perf_counter() if self._slow_s != math.inf else 0.0
 
     def _slow(self, operation: str, thread_id: str | None, started: float) -> None:
         log_slow_call(self, operation, thread_id, started, self._slow_s)
@@ -261,7 +263,7 @@ class QueueBase(RunQueue):
         try:
             return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("enqueue", thread_id, started)
 
     def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
@@ -276,7 +278,7 @@ class QueueBase(RunQueue):
         try:
             return self._lease(holder, ttl, kinds)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("lease", None, started)
 
     def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
@@ -287,7 +289,7 @@ class QueueBase(RunQueue):
         try:
             return self._renew_lease(entry_id, attempt, ttl)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("renew_lease", None, started)
 
     def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
@@ -298,7 +300,7 @@ class QueueBase(RunQueue):
         try:
             return self._record_run(entry_id, attempt, run_id)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("record_run", None, started)
 
     def finish(
@@ -314,7 +316,7 @@ class QueueBase(RunQueue):
         try:
             return self._finish(entry_id, attempt, status, error)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("finish", None, started)
 
     def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
@@ -325,7 +327,7 @@ class QueueBase(RunQueue):
         try:
             self._release_lease(entry_id, attempt, delay)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("release_lease", None, started)
 
     # -- reads ------------------------------------------------------------------------------------------------
@@ -336,7 +338,7 @@ class QueueBase(RunQueue):
         try:
             return self._entry(entry_id)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("entry", None, started)
 
     def entries(
@@ -351,7 +353,7 @@ class QueueBase(RunQueue):
         try:
             return self._entries(limit, after or 0, status)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("entries", None, started)
 
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
@@ -362,7 +364,7 @@ class QueueBase(RunQueue):
         try:
             return self._open_runs(ids)
         finally:
-            if perf_counter() - started > self._slow_s:
+            if started and perf_counter() - started > self._slow_s:
                 self._slow("open_runs", None, started)
 
     # -- what a store implements ------------------------------------------------------------------------------
