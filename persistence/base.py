@@ -360,8 +360,8 @@ class StoreBase(Checkpointer):
         ``thread_id`` and ``duration_ms``, whatever its outcome; None: never. Set it (or ``open_store``'s
         ``slow_call`` option) to a ``timedelta``; ``timedelta(0)`` or None turns it off (no clock is read then).
         It covers every public call of the store and of its ``queue`` but ``await_events_after`` (a wait by
-        design). Changing it while calls run is safe; a call already begun keeps the threshold it began with
-        only as far as it read the clock (off when it began: never logged).
+        design). Changing it while calls run is safe: a call in flight is judged by the threshold as it ends,
+        and one that began while it was off is never reported.
 
         Raises:
             ValidationError: (on set) not a timedelta or None, or negative.
