@@ -11,7 +11,6 @@ store's public method, so a call is validated once, by the store at the end of t
 from __future__ import annotations
 
 import abc
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -41,7 +40,7 @@ from threadloom.domain.values import (
     ThreadQuery,
 )
 from threadloom.persistence.encoded import EncodedCommit, encode_commit
-from threadloom.persistence.logs import SLOW_CALL, log_slow_call, slow_call_seconds
+from threadloom.persistence.logs import SlowCalls, slow_call_seconds
 from threadloom.persistence.queue import QueueBase, RunQueue
 
 
@@ -324,7 +323,7 @@ class Checkpointer(abc.ABC):
         """
 
 
-class StoreBase(Checkpointer):
+class StoreBase(SlowCalls, Checkpointer):
     """The base of every concrete store: it validates each call once, then runs the store's implementation.
 
     Each public method of :class:`Checkpointer` checks its arguments (``ValidationError`` naming the field,
@@ -352,8 +351,6 @@ class StoreBase(Checkpointer):
         if self._closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
 
-    _slow_s: float = SLOW_CALL.total_seconds()
-
     @property
     def slow_call(self) -> timedelta | None:
         """A call that takes longer than this (default 1 s) is logged as ``store.call_slow`` with ``op``,
@@ -373,16 +370,6 @@ class StoreBase(Checkpointer):
         self._slow_s = slow_call_seconds(value)
         if isinstance(self.queue, QueueBase):
             self.queue._slow_s = self._slow_s
-
-    def _begin(self, operation: str) -> float:
-        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds), or 0.0
-        when ``slow_call`` is off (no clock is read)."""
-        if self._closed:
-            raise StoreClosed(operation, "the store is closed; open a new one")
-        return perf_counter() if self._slow_s != math.inf else 0.0
-
-    def _slow(self, operation: str, thread_id: str | None, started: float) -> None:
-        log_slow_call(self, operation, thread_id, started, self._slow_s)
 
     def close(self) -> None:
         with self._close_lock:

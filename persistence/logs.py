@@ -93,6 +93,29 @@ def log_slow_call(store: object, operation: str, thread_id: str | None, started:
     )
 
 
+class SlowCalls:
+    """The timing every store and run queue base shares: each public call begins with :meth:`_begin` and ends,
+    in a ``finally``, with ``if started and perf_counter() - started > self._slow_s: self._slow(...)`` - two clock
+    reads and a compare, inlined so the fast path pays nothing more (no clock at all while ``slow_call`` is off).
+    A subclass provides ``_closed``."""
+
+    _slow_s: float = SLOW_CALL.total_seconds()
+    """The ``slow_call`` threshold in seconds (infinity: off)."""
+    _closed: bool
+
+    def _begin(self, operation: str) -> float:
+        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds), or 0.0
+        when ``slow_call`` is off (no clock is read)."""
+        if self._closed:
+            from threadloom.domain.errors import StoreClosed
+
+            raise StoreClosed(operation, "the store is closed; open a new one")
+        return perf_counter() if self._slow_s != math.inf else 0.0
+
+    def _slow(self, operation: str, thread_id: str | None, started: float) -> None:
+        log_slow_call(self, operation, thread_id, started, self._slow_s)
+
+
 @contextlib.contextmanager
 def structlog_restored() -> Iterator[None]:
     """Puts structlog's configuration back as it was on exit (unconfigured again, if it was): for the tools that

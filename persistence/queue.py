@@ -34,7 +34,6 @@ The rules every queue shares:
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from time import perf_counter
@@ -44,7 +43,7 @@ from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
-from threadloom.persistence.logs import SLOW_CALL, log_slow_call
+from threadloom.persistence.logs import SlowCalls
 
 MAX_ERROR_LENGTH = 4000
 """Longest ``error`` text :meth:`RunQueue.finish` keeps, in characters; longer text is cut to this length."""
@@ -205,7 +204,7 @@ class RunQueue(abc.ABC):
         """
 
 
-class QueueBase(RunQueue):
+class QueueBase(SlowCalls, RunQueue):
     """The base of every store's run queue: it validates each call once, then runs the store's implementation.
 
     Each public method of :class:`RunQueue` checks its arguments (``ValidationError`` naming the field, nothing
@@ -218,18 +217,9 @@ class QueueBase(RunQueue):
         if self.closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
 
-    _slow_s: float = SLOW_CALL.total_seconds()
-    """The store's ``slow_call`` in seconds (infinity: never); set through the store's ``slow_call``."""
-
-    def _begin(self, operation: str) -> float:
-        """Refuses a call on a closed store (``StoreClosed``); returns its start (``perf_counter`` seconds), or 0.0
-        when ``slow_call`` is off (no clock is read)."""
-        if self.closed:
-            raise StoreClosed(operation, "the store is closed; open a new one")
-        return perf_counter() if self._slow_s != math.inf else 0.0
-
-    def _slow(self, operation: str, thread_id: str | None, started: float) -> None:
-        log_slow_call(self, operation, thread_id, started, self._slow_s)
+    @property
+    def _closed(self) -> bool:  # type: ignore[override]
+        return self.closed
 
     @staticmethod
     def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:

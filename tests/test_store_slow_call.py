@@ -4,8 +4,10 @@ another connection holds for a moment, a PostgreSQL table another session has lo
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -22,6 +24,20 @@ def _slow_lines(logs: list[dict]) -> list[dict]:
     return [line for line in logs if line["event"] == "store.call_slow"]
 
 
+@contextlib.contextmanager
+def _write_locked(path) -> Iterator[None]:
+    """Another connection holds the SQLite file's write lock for HOLD_S from now (the block runs meanwhile)."""
+    locker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    releaser = threading.Timer(HOLD_S, lambda: locker.execute("ROLLBACK"))
+    releaser.start()
+    try:
+        yield
+    finally:
+        releaser.join()
+        locker.close()
+
+
 def _request(holder: str = "run-1") -> ClaimRequest:
     return ClaimRequest(holder=holder, ttl=timedelta(seconds=30), tenant_id="acme")
 
@@ -36,16 +52,8 @@ def test_a_sqlite_call_blocked_by_another_connections_lock_logs_one_slow_line(tm
             store.queue.enqueue("fast", graph_id="g")
         assert _slow_lines(logs) == []
 
-        locker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        locker.execute("BEGIN IMMEDIATE")  # the file's write lock, held for HOLD_S
-        releaser = threading.Timer(HOLD_S, lambda: locker.execute("ROLLBACK"))
-        releaser.start()
-        try:
-            with capture_logs() as logs:
-                claim = store.claim("t1", _request())
-        finally:
-            releaser.join()
-            locker.close()
+        with _write_locked(path), capture_logs() as logs:
+            claim = store.claim("t1", _request())
         assert claim.thread_id == "t1"
         slow = _slow_lines(logs)
         assert len(slow) == 1, logs
@@ -54,16 +62,8 @@ def test_a_sqlite_call_blocked_by_another_connections_lock_logs_one_slow_line(tm
         assert slow[0]["log_level"] == "warning" and slow[0]["store"] == "SqliteCheckpointer"
 
         # The run queue shares the store's threshold.
-        locker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        locker.execute("BEGIN IMMEDIATE")
-        releaser = threading.Timer(HOLD_S, lambda: locker.execute("ROLLBACK"))
-        releaser.start()
-        try:
-            with capture_logs() as logs:
-                store.queue.enqueue("t2", graph_id="g")
-        finally:
-            releaser.join()
-            locker.close()
+        with _write_locked(path), capture_logs() as logs:
+            store.queue.enqueue("t2", graph_id="g")
         assert [(line["op"], line["thread_id"]) for line in _slow_lines(logs)] == [("enqueue", "t2")]
 
 
@@ -72,16 +72,8 @@ def test_slow_call_none_or_zero_turns_the_line_off(tmp_path):
     for off in (None, timedelta(0)):
         with open_store(f"sqlite:///{path}", slow_call=off) as store:
             assert store.slow_call is None
-            locker = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            locker.execute("BEGIN IMMEDIATE")
-            releaser = threading.Timer(HOLD_S, lambda: locker.execute("ROLLBACK"))
-            releaser.start()
-            try:
-                with capture_logs() as logs:
-                    store.claim(f"t-{off}", _request())
-            finally:
-                releaser.join()
-                locker.close()
+            with _write_locked(path), capture_logs() as logs:
+                store.claim(f"t-{off}", _request())
             assert _slow_lines(logs) == []
 
 
