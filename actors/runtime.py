@@ -593,8 +593,10 @@ class GraphRuntime:
             graphs: the graphs served, by id (a mapping) or as a collection (keyed by ``graph_id``).
             concurrency: how many workers (>= 1).
             policy: lease and polling policy (default :class:`ServePolicy`).
-            block: run one worker on the calling thread and return once stopped (``Server.stop()`` — safe from
-                a signal handler — or :meth:`close`); False returns at once with the workers in the background.
+            block: return once stopped (``Server.stop()`` — safe from a signal handler — :meth:`close`, or a
+                signal, see ``signals``), running one worker on the calling thread (on the main thread with
+                ``signals``, every worker runs on its own thread); False returns at once with the workers in the
+                background.
             signals: with ``block`` on the main thread, stop on SIGINT (Ctrl-C) and SIGTERM while serving (the
                 previous handlers are put back on return; the workers then run on their own threads). The first
                 signal lets each node in flight finish and commit, then releases the run's claim and hands its
