@@ -28,9 +28,9 @@ from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
-from threadloom.actors.serve import QueueWorker, Server
+from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
 from threadloom.actors.subscription import Subscription, check_tenant
-from threadloom.actors.supervisor import Drain, LiveRuns, Spawn, Supervisor, SweepOnce
+from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
@@ -62,6 +62,10 @@ CHILD_BUSY_RETRY = timedelta(milliseconds=100)
 """How long ``ctx.spawn`` waits, by the runtime's clock, before it asks again for a child thread it is recovering
 while a claim left by a run not live in this runtime (a dead process's) still holds it. It gives up once the
 runtime's ``claim_policy.ttl`` has passed since the first refusal."""
+ABANDONED_GRACE = timedelta(seconds=1)
+"""After ``serve`` abandoned runs with their nodes in flight (a second signal), how long :meth:`GraphRuntime.close`
+waits for the runtime's tasks: an abandoned node's thread is left running (it is a daemon thread; the process may
+exit under it) rather than waited for."""
 SPAWN_RELOOKS = 3
 """How often ``ctx.spawn`` looks at a child thread again when the child moved on between its look and its claim."""
 
@@ -137,6 +141,7 @@ class GraphRuntime:
         self._subscriptions: dict[Subscription, None] = {}  # in subscription order: close cancels in that order
         self._servers: list[Server] = []
         self._closed = False
+        self._abandoned = False  # a run was abandoned with its node in flight (a second signal to serve)
         self._stopping = threading.Event()  # set by close() once every live run was told to stop
         self._env = RunEnv(
             store=store,
@@ -571,6 +576,7 @@ class GraphRuntime:
         concurrency: int = 1,
         policy: ServePolicy | None = None,
         block: bool = True,
+        signals: bool = True,
     ) -> Server:
         """Works the store's run queue with ``concurrency`` workers until stopped.
 
@@ -587,8 +593,18 @@ class GraphRuntime:
             graphs: the graphs served, by id (a mapping) or as a collection (keyed by ``graph_id``).
             concurrency: how many workers (>= 1).
             policy: lease and polling policy (default :class:`ServePolicy`).
-            block: run one worker on the calling thread and return once stopped (``Server.stop()`` — safe from
-                a signal handler — or :meth:`close`); False returns at once with the workers in the background.
+            block: return once stopped (``Server.stop()`` — safe from a signal handler — :meth:`close`, or a
+                signal, see ``signals``), running one worker on the calling thread (on the main thread with
+                ``signals``, every worker runs on its own thread); False returns at once with the workers in the
+                background.
+            signals: with ``block`` on the main thread, stop on SIGINT (Ctrl-C) and SIGTERM while serving (the
+                previous handlers are put back on return; the workers then run on their own threads). The first
+                signal lets each node in flight finish and commit, then releases the run's claim and hands its
+                entry back at once (another worker takes it up without waiting for the lease to expire), and
+                ``serve`` returns. A second signal abandons the nodes in flight - their steps are dropped, and a
+                side effect they ran may run again on the next attempt, as after a crash - hands back at once,
+                and raises ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM). False: signals are
+                left to the caller's handlers.
 
         Returns:
             The :class:`Server` (stopped, when ``block``).
@@ -597,6 +613,7 @@ class GraphRuntime:
             ValidationError: no run queue, no graph, or a bad argument; ProcessingError: the runtime is closed.
             StoreClosed, StoreCorrupt: (``block`` only) the store stopped the workers, as ``Server.error`` says;
                 the other workers were stopped and joined first.
+            KeyboardInterrupt, SystemExit: a second SIGINT or SIGTERM (``signals``), after the hand-back.
         """
         if isinstance(graphs, Mapping):
             served = dict(graphs)
@@ -617,16 +634,21 @@ class GraphRuntime:
         policy = _instance("policy", policy or ServePolicy(), ServePolicy)
         queue = self._queue("serve")
         self._ensure_open("serve")
-        server = Server()
+        server = Server(abandon=self._abandon)
         with self._lock:
             self._servers.append(server)
         workers = [
             QueueWorker(self, queue, served, policy, server, f"{self.node_id}#{index}") for index in range(concurrency)
         ]
-        background = workers[1:] if block else workers
+        signalled = block and signals and threading.current_thread() is threading.main_thread()
+        background = workers[1:] if block and not signalled else workers
         for worker in background:
             server._tasks.append(self._scheduler.spawn(f"serve-{worker.holder}", worker.run))
-        if block:
+        if signalled:
+            wait_until_signalled(server, self._close_timeout, self.node_id)
+            if server.error is not None:
+                raise server.error
+        elif block:
             try:
                 workers[0].run()
             finally:
@@ -635,6 +657,16 @@ class GraphRuntime:
             if server.error is not None:
                 raise server.error
         return server
+
+    def _abandon(self, handle: RunHandle) -> None:
+        """Ends a run at once, its node in flight left to finish unheard: its actor stops and releases the claim.
+
+        ``close`` then waits at most :data:`ABANDONED_GRACE` for the abandoned nodes' threads."""
+        self._abandoned = True
+        try:
+            self._supervisor.tell(Abandon(handle.run_id))
+        except pykka.ActorDeadError:
+            pass  # the runtime closed: its runs were ended already
 
     # -- shutdown ---------------------------------------------------------------------------------------------
 
@@ -683,7 +715,7 @@ class GraphRuntime:
             self._supervisor.stop(block=True, timeout=timeout.total_seconds())
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
-        left = self._scheduler.close(timeout)
+        left = self._scheduler.close(min(timeout, ABANDONED_GRACE) if self._abandoned else timeout)
         with self._lock:
             threads = list(self._threads)
         current = threading.current_thread()

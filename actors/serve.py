@@ -8,7 +8,9 @@ under the thread's claim, that the attempt still holds its lease, so two attempt
 
 A worker that stops (``close``) cancels its run at the next step and hands the entry back at once; a worker
 whose process dies leaves a lease and a claim that expire, and the next attempt recovers the run without
-re-running its completed nodes.
+re-running its completed nodes. A blocking ``serve`` on the main thread stops on SIGINT or SIGTERM
+(:func:`wait_until_signalled`): the first lets each node in flight finish and commit, then releases the claim and
+hands the entry back; a second abandons the nodes in flight (their steps are dropped) and hands back at once.
 
 Store failures: one that may pass (``StoreUnavailable``, ``OutcomeUnknown``, a ``ProcessingError`` of unknown
 kind) hands the entry back for a later attempt (``ServePolicy.max_attempts`` bounds them). A damaged store
@@ -22,8 +24,9 @@ the lease expires; then a worker over an open store takes it over.
 
 from __future__ import annotations
 
+import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +53,8 @@ from threadloom.domain.values import CheckpointStatus
 from threadloom.persistence.queue import RunQueue
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from threadloom.actors.runtime import GraphRuntime
 
 
@@ -61,10 +66,13 @@ class Server:
         error: the store failure that stopped the workers (``StoreClosed``, ``StoreCorrupt``), else None.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, abandon: Callable[[RunHandle], None] | None = None) -> None:
         self.stop_event = threading.Event()
         self._tasks: list[Task] = []
         self._lock = threading.Lock()
+        self._abandon = abandon
+        self._interrupted = 0  # 1: cancel the runs being worked at their next step; 2: abandon them now
+        self._runs: list[RunHandle] = []  # the runs the workers are waiting for
         self.completed = 0
         self.failed = 0
         self.handed_back = 0
@@ -87,6 +95,39 @@ class Server:
         """Waits for the background workers to end (not a worker running on the calling thread)."""
         for task in list(self._tasks):
             task.join(None if timeout is None else timeout.total_seconds())
+
+    def _alive(self) -> bool:
+        return any(task.alive for task in self._tasks)
+
+    def _interrupt(self, *, abandon: bool) -> None:
+        """Stops the workers and ends the runs they work: at their next step boundary (the node in flight
+        finishes and commits), or at once with ``abandon`` (the node in flight is left to finish unheard, its
+        step dropped). Either way the run releases its claim and its worker hands the entry back with no delay.
+        Runs on the thread that handles the signals (never inside a signal handler)."""
+        with self._lock:
+            self._interrupted = max(self._interrupted, 2 if abandon else 1)
+            runs = list(self._runs)
+        self.stop_event.set()
+        for handle in runs:
+            self._end(handle)
+
+    def _end(self, handle: RunHandle) -> None:
+        if self._interrupted >= 2 and self._abandon is not None:
+            self._abandon(handle)
+        elif self._interrupted >= 1:
+            handle.cancel()
+
+    def _watch(self, handle: RunHandle) -> None:
+        """A worker waits for ``handle``: an interrupt ends it (also one that came first)."""
+        with self._lock:
+            self._runs.append(handle)
+        if self._interrupted:
+            self._end(handle)
+
+    def _unwatch(self, handle: RunHandle) -> None:
+        with self._lock:
+            if handle in self._runs:
+                self._runs.remove(handle)
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -192,6 +233,9 @@ class QueueWorker:
             thread_id=entry.thread_id, tenant_id=entry.tenant_id, entry_id=entry.entry_id, attempt=lease.attempt
         )
         log.info("queue.leased", op="lease", taken_over_from=lease.taken_over_from, graph_id=entry.graph_id)
+        if self.server.stopped:  # stopped while leasing: give the entry back untouched
+            self._hand_back(lease, timedelta(0), log, CancelledError("serve"))
+            return
         if self.policy.max_attempts is not None and lease.attempt > self.policy.max_attempts:
             self._finish(lease, EntryStatus.FAILED, f"gave up after {self.policy.max_attempts} attempts", log)
             return
@@ -298,6 +342,13 @@ class QueueWorker:
 
     def _await(self, handle: RunHandle, lease: Lease, log: Any) -> None:
         """Waits for the run to end, renewing the lease every ``renew_every`` (by the runtime's clock)."""
+        self.server._watch(handle)
+        try:
+            self._renew_until_done(handle, lease, log)
+        finally:
+            self.server._unwatch(handle)
+
+    def _renew_until_done(self, handle: RunHandle, lease: Lease, log: Any) -> None:
         done = threading.Event()
         handle._done.add_done_callback(lambda _future: done.set())
         renewing = True
@@ -347,3 +398,59 @@ class QueueWorker:
             return
         self.server._count("handed_back")
         log.info("queue.handed_back", op="release_lease", delay_ms=delay.total_seconds() * 1000, error=_describe(error))
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
+"""The signals a blocking ``serve`` on the main thread handles: Ctrl-C and a service manager's stop."""
+SIGNAL_POLL_S = 0.1
+"""How often (seconds) the main thread of a blocking ``serve`` looks at the signals it received."""
+
+
+def wait_until_signalled(server: Server, join_timeout: timedelta, node_id: str) -> None:
+    """Waits on the main thread for ``server``'s workers (already started as tasks) to end, stopping them on
+    SIGINT or SIGTERM; the handlers it installs are put back on return.
+
+    The signal handler only records the signal; this loop acts on it within :data:`SIGNAL_POLL_S`. First signal:
+    ``queue.serve_interrupted``, every node in flight finishes and commits, then each run releases its claim and
+    its worker hands the entry back (no delay). Second signal: ``queue.serve_abandoned``, the nodes in flight are
+    abandoned (their steps dropped; a node's side effect that ran may run again on the next attempt, as after a
+    crash), claims released and entries handed back at once. Later signals are ignored while the workers end.
+
+    Raises:
+        KeyboardInterrupt: after the hand-back, when the second signal was SIGINT.
+        SystemExit: after the hand-back, when the second signal was SIGTERM (status 143).
+    """
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)  # nothing else here: the main thread may hold any lock when it runs
+
+    previous: dict[int, Any] = {}
+    handled = 0
+    log = _log.bind(node_id=node_id)
+    try:
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, on_signal)
+        while server._alive():
+            while handled < len(received):
+                name = signal.Signals(received[handled]).name
+                handled += 1
+                if handled == 1:
+                    log.info("queue.serve_interrupted", signal=name, then="finishing the nodes in flight")
+                    server._interrupt(abandon=False)
+                elif handled == 2:
+                    log.warning("queue.serve_abandoned", signal=name, then="abandoning the nodes in flight")
+                    server._interrupt(abandon=True)
+            for task in server._tasks:
+                if task.alive:
+                    task.join(SIGNAL_POLL_S)
+                    break
+    finally:
+        server.stop()
+        server.join(join_timeout)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    if handled >= 2:
+        if received[1] == getattr(signal, "SIGTERM", None):
+            raise SystemExit(128 + received[1])
+        raise KeyboardInterrupt

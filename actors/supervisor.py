@@ -56,6 +56,10 @@ class Registry:
         """Forgets a run (its actor stops by itself); None if it was not registered."""
         return self._runs.pop(run_id, None)
 
+    def get(self, run_id: str) -> LiveRun | None:
+        """The registered run ``run_id``, or None."""
+        return self._runs.get(run_id)
+
     def runs(self) -> list[LiveRun]:
         """Every registered run, in registration order."""
         return list(self._runs.values())
@@ -108,6 +112,13 @@ class RunEnded:
 @attrs.frozen(eq=False)
 class Drain:
     """Ask: refuse new runs from now on; the answer is every live run."""
+
+
+@attrs.frozen(eq=False)
+class Abandon:
+    """Tell: end run ``run_id`` at once, its node in flight left unheard (its actor stops, releasing the claim)."""
+
+    run_id: str
 
 
 @attrs.frozen(eq=False)
@@ -177,6 +188,9 @@ class Supervisor(pykka.ThreadingActor):
             return self.drain()
         if isinstance(message, LiveRuns):
             return self.registry.by_thread()
+        if isinstance(message, Abandon):
+            self.abandon(message.run_id)
+            return None
         if isinstance(message, SweepOnce):
             return self.sweep_page(message.policy, message.after)
         if isinstance(message, _SweepTick):
@@ -223,6 +237,16 @@ class Supervisor(pykka.ThreadingActor):
         self.registry.add(LiveRun(spec.run_id, spec.thread_id, spec.tenant_id, handle, ref))
         ref.tell(BEGIN)
         return handle
+
+    def abandon(self, run_id: str) -> None:
+        """Stops the actor of run ``run_id`` without waiting: its ``on_stop`` ends the run ``CancelledError`` and
+        releases the claim; the node in flight, if any, finishes unheard. An unknown or ended run: nothing."""
+        run = self.registry.get(run_id)
+        if run is not None:
+            try:
+                run.ref.stop(block=False)
+            except pykka.ActorDeadError:
+                pass
 
     def drain(self) -> list[RunHandle]:
         """Refuses new runs from now on and stops the periodic sweep; returns the handles of the live runs."""

@@ -278,11 +278,12 @@ def follow_events(
     *,
     wait: timedelta = FOLLOW_WAIT,
 ) -> None:
-    """Delivers THREAD's events after ``after`` as they are committed, until Ctrl-C or ``limit`` events.
+    """Delivers THREAD's events after ``after`` as they are committed, until Ctrl-C, SIGTERM or ``limit`` events.
 
     The waiting happens on a thread of its own with ``await_events_after`` and a cancel event; the calling
-    (main) thread only waits for it, so Ctrl-C (``KeyboardInterrupt``) reaches it at once, sets the cancel event
-    and returns normally once the store's wait has ended (or after :data:`FOLLOW_STOP_GRACE_S`).
+    (main) thread only waits for it, so Ctrl-C or SIGTERM (both raise ``KeyboardInterrupt`` there) reaches it at
+    once, sets the cancel event and returns normally once the store's wait has ended (or after
+    :data:`FOLLOW_STOP_GRACE_S`). A second Ctrl-C during that wait raises ``KeyboardInterrupt`` (exit status 130).
 
     Raises:
         ThreadloomError: the store refused a read (e.g. ``ThreadDeleted`` when the thread is deleted).
@@ -309,7 +310,9 @@ def follow_events(
                 failures.append(error)
 
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None  # Ctrl-C raises here
+    # Ctrl-C and SIGTERM (a service manager's stop, ``kill``) both raise KeyboardInterrupt here: the normal end.
+    stops = [sig for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)) if sig is not None] if main else []
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops}
     worker = threading.Thread(target=run, name="threadloom-follow", daemon=True)
     worker.start()
     try:
@@ -321,8 +324,8 @@ def follow_events(
         _log.debug("cli.follow_stopped", thread_id=thread)
         return
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     if failures:
         raise failures[0]
 
@@ -341,14 +344,16 @@ def follow_events(
     default=None,
     help="At most this many events [default: 100; with --follow: no limit].",
 )
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new events as they are committed, until Ctrl-C.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new events as they are committed, until Ctrl-C or SIGTERM."
+)
 @click.pass_context
 def events(ctx: click.Context, thread: str, after: int | None, limit: int | None, follow: bool) -> None:
     """Print THREAD's numbered events after --after, oldest first.
 
     Without --after it starts at the earliest event still kept (retention and compaction drop older ones). With
-    --follow, waits for new commits (from any process) and prints each event as it lands; Ctrl-C ends it with
-    exit status 0. With --json, --follow prints one JSON object per line.
+    --follow, waits for new commits (from any process) and prints each event as it lands; Ctrl-C or SIGTERM ends
+    it with exit status 0. With --json, --follow prints one JSON object per line.
     """
     state = state_of(ctx)
     store = state.store(read_only=True)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from time import perf_counter
 from typing import Any
 
 import attrs
@@ -39,7 +40,8 @@ from threadloom.domain.values import (
     ThreadQuery,
 )
 from threadloom.persistence.encoded import EncodedCommit, encode_commit
-from threadloom.persistence.queue import RunQueue
+from threadloom.persistence.logs import SlowCalls, slow_call_seconds
+from threadloom.persistence.queue import QueueBase, RunQueue
 
 
 def _instance(field: str, value: Any, kind: type) -> Any:
@@ -321,7 +323,7 @@ class Checkpointer(abc.ABC):
         """
 
 
-class StoreBase(Checkpointer):
+class StoreBase(SlowCalls, Checkpointer):
     """The base of every concrete store: it validates each call once, then runs the store's implementation.
 
     Each public method of :class:`Checkpointer` checks its arguments (``ValidationError`` naming the field,
@@ -349,6 +351,26 @@ class StoreBase(Checkpointer):
         if self._closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
 
+    @property
+    def slow_call(self) -> timedelta | None:
+        """A call that takes longer than this (default 1 s) is logged as ``store.call_slow`` with ``op``,
+        ``thread_id`` and ``duration_ms``, whatever its outcome; None: never. Set it (or ``open_store``'s
+        ``slow_call`` option) to a ``timedelta``; ``timedelta(0)`` or None turns it off (no clock is read then).
+        It covers every public call of the store and of its ``queue`` but ``await_events_after`` (a wait by
+        design). Changing it while calls run is safe: a call in flight is judged by the threshold as it ends,
+        and one that began while it was off is never reported.
+
+        Raises:
+            ValidationError: (on set) not a timedelta or None, or negative.
+        """
+        return None if self._slow_s == float("inf") else timedelta(seconds=self._slow_s)
+
+    @slow_call.setter
+    def slow_call(self, value: timedelta | None) -> None:
+        self._slow_s = slow_call_seconds(value)
+        if isinstance(self.queue, QueueBase):
+            self.queue._slow_s = self._slow_s
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
@@ -362,21 +384,33 @@ class StoreBase(Checkpointer):
         v.check_id("thread_id", thread_id)
         _instance("request", request, ClaimRequest)
         attrs.validate(request)
-        self._ensure_open("claim")
-        return self._claim(thread_id, request)
+        started = self._begin("claim")
+        try:
+            return self._claim(thread_id, request)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("claim", thread_id, started)
 
     def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
         v.check_positive_duration("ttl", ttl)
-        self._ensure_open("renew")
-        return self._renew(thread_id, token, ttl)
+        started = self._begin("renew")
+        try:
+            return self._renew(thread_id, token, ttl)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("renew", thread_id, started)
 
     def release(self, thread_id: str, token: int) -> None:
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
-        self._ensure_open("release")
-        self._release(thread_id, token)
+        started = self._begin("release")
+        try:
+            self._release(thread_id, token)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("release", thread_id, started)
 
     # -- commits -------------------------------------------------------------------------------------------------
 
@@ -385,44 +419,68 @@ class StoreBase(Checkpointer):
         (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
         v.check_id("thread_id", thread_id)
         encoded = check_commit(thread_id, commit)
-        self._ensure_open("commit")
-        return self._commit(thread_id, encoded)
+        started = self._begin("commit")
+        try:
+            return self._commit(thread_id, encoded)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("commit", thread_id, started)
 
     # -- reads -----------------------------------------------------------------------------------------------------
 
     def latest(self, thread_id: str) -> StoredCheckpoint | None:
         v.check_id("thread_id", thread_id)
-        self._ensure_open("latest")
-        return self._latest(thread_id)
+        started = self._begin("latest")
+        try:
+            return self._latest(thread_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("latest", thread_id, started)
 
     def checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
         v.check_id("thread_id", thread_id)
         v.check_id("checkpoint_id", checkpoint_id)
-        self._ensure_open("checkpoint")
-        return self._checkpoint(thread_id, checkpoint_id)
+        started = self._begin("checkpoint")
+        try:
+            return self._checkpoint(thread_id, checkpoint_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("checkpoint", thread_id, started)
 
     def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
         v.check_id("thread_id", thread_id)
         v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
         v.check_optional_id("before", before)
-        self._ensure_open("history")
-        return self._history(thread_id, limit, before)
+        started = self._begin("history")
+        try:
+            return self._history(thread_id, limit, before)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("history", thread_id, started)
 
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
         v.check_id("parent", parent)
         v.check_int("limit", limit, high=rules.MAX_PAGE)
         v.check_optional_id("after", after)
-        self._ensure_open("children")
+        started = self._begin("children")
         if limit < 1:
             return []
-        return self._children(parent, limit, after)
+        try:
+            return self._children(parent, limit, after)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("children", parent, started)
 
     def events_after(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
         v.check_id("thread_id", thread_id)
         v.check_int("after_seq", after_seq, low=0)
         v.check_int("limit", limit, low=1, high=rules.MAX_EVENTS_PAGE)
-        self._ensure_open("events_after")
-        return self._events_after(thread_id, after_seq, limit)
+        started = self._begin("events_after")
+        try:
+            return self._events_after(thread_id, after_seq, limit)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("events_after", thread_id, started)
 
     def await_events_after(
         self,
@@ -464,8 +522,12 @@ class StoreBase(Checkpointer):
     def compact_events(self, thread_id: str, before_seq: int) -> None:
         v.check_id("thread_id", thread_id)
         v.check_int("before_seq", before_seq, low=0)
-        self._ensure_open("compact_events")
-        self._compact_events(thread_id, before_seq)
+        started = self._begin("compact_events")
+        try:
+            self._compact_events(thread_id, before_seq)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("compact_events", thread_id, started)
 
     def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
         v.check_id("thread_id", thread_id)
@@ -477,49 +539,77 @@ class StoreBase(Checkpointer):
             v.check_int("fence token", fence[1], low=1)
             if fence[0] == thread_id:
                 raise ValidationError("fence", ("must name another thread than the one deleted",))
-        self._ensure_open("delete_thread")
-        self._delete_thread(thread_id, token, fence)
+        started = self._begin("delete_thread")
+        try:
+            self._delete_thread(thread_id, token, fence)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("delete_thread", thread_id, started)
 
     def effect(self, thread_id: str, key: str) -> EffectRecord | None:
         v.check_id("thread_id", thread_id)
         v.check_id("key", key)
-        self._ensure_open("effect")
-        return self._effect(thread_id, key)
+        started = self._begin("effect")
+        try:
+            return self._effect(thread_id, key)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("effect", thread_id, started)
 
     def lookup_run(self, thread_id: str, run_ids: Iterable[str]) -> Checkpoint | None:
         v.check_id("thread_id", thread_id)
         ids = v.check_run_ids("run_ids", run_ids)
-        self._ensure_open("lookup_run")
+        started = self._begin("lookup_run")
         if not ids:
             return None
-        return self._lookup_run(thread_id, ids)
+        try:
+            return self._lookup_run(thread_id, ids)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("lookup_run", thread_id, started)
 
     def prune(self, thread_id: str, policy: RetentionPolicy) -> None:
         v.check_id("thread_id", thread_id)
         _instance("policy", policy, RetentionPolicy)
-        self._ensure_open("prune")
-        self._prune(thread_id, policy)
+        started = self._begin("prune")
+        try:
+            self._prune(thread_id, policy)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("prune", thread_id, started)
 
     def sweep(self, policy: SweepPolicy, guard: SweepGuard | None, *, after: str | None = None) -> SweepPage:
         _instance("policy", policy, SweepPolicy)
         if guard is not None and not callable(getattr(guard, "protected", None)):
             raise ValidationError("guard", ("must have a protected(thread_ids) method, or be None",))
         v.check_optional_id("after", after)
-        self._ensure_open("sweep")
-        return self._sweep(policy, guard, after)
+        started = self._begin("sweep")
+        try:
+            return self._sweep(policy, guard, after)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("sweep", None, started)
 
     def threads(self, query: ThreadQuery) -> ThreadPage:
         _instance("query", query, ThreadQuery)
-        self._ensure_open("threads")
-        return self._threads(query)
+        started = self._begin("threads")
+        try:
+            return self._threads(query)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("threads", None, started)
 
     def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
         v.check_optional_id("tenant_id", tenant_id)
         v.check_int("limit", limit, low=1, high=ThreadQuery.MAX_LIMIT)
         if after is not None:
             _instance("after", after, ThreadCursor)
-        self._ensure_open("incomplete")
-        return self._incomplete(tenant_id, limit, after)
+        started = self._begin("incomplete")
+        try:
+            return self._incomplete(tenant_id, limit, after)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("incomplete", None, started)
 
     # -- what a store implements -----------------------------------------------------------------------------------
 

@@ -5,11 +5,14 @@ them, so that no store module imports this one back.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
-from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.base import Checkpointer, StoreBase
+from threadloom.persistence.logs import slow_call_seconds
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.persistence.urls import redact_url, sqlite_file
 
@@ -54,6 +57,24 @@ def _take_options(store: str, factory: Callable[..., Any], options: dict[str, An
             raise ValidationError(name, (f"is not an option of a {store} store (it takes: {takes})",))
 
 
+SLOW_CALL_ENV = "THREADLOOM_SLOW_CALL_MS"
+"""The environment variable ``open_store`` reads when no ``slow_call`` option is given: milliseconds (0: off)."""
+_UNSET: Any = object()
+
+
+def _slow_call_from_env() -> timedelta | None | Any:
+    text = os.environ.get(SLOW_CALL_ENV, "").strip()
+    if not text:
+        return _UNSET
+    try:
+        millis = float(text)
+    except ValueError:
+        millis = -1.0
+    if not millis >= 0 or millis == float("inf"):
+        raise ValidationError(SLOW_CALL_ENV, (f"must be a number of milliseconds >= 0 (0: off), got {text!r}",))
+    return timedelta(milliseconds=millis)
+
+
 def open_store(url: str, **options: Any) -> Checkpointer:
     """Builds a store from a URL.
 
@@ -62,9 +83,11 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             in the working directory; no ``?`` query or ``#`` fragment: percent-encode those characters in a
             file name); ``postgresql://…`` or ``postgres://…`` (needs the ``postgres`` extra; percent-encode
             ``/`` and ``@`` in a user name or password).
-        **options: passed to the store's constructor: ``clock`` for memory; ``clock``, ``busy_timeout``,
-            ``synchronous``, ``read_only`` for SQLite; ``config`` for PostgreSQL (``config.create=False``: never
-            create or migrate the schema).
+        **options: ``slow_call`` (every store): log ``store.call_slow`` for a call slower than this
+            ``timedelta`` (default: ``$THREADLOOM_SLOW_CALL_MS`` milliseconds if set, else 1 s; None or
+            ``timedelta(0)``: never). The others go to the store's constructor: ``clock`` for memory;
+            ``clock``, ``busy_timeout``, ``synchronous``, ``read_only`` for SQLite; ``config`` for PostgreSQL
+            (``config.create=False``: never create or migrate the schema).
 
     Returns:
         The open store (a SQLite file is created and migrated if it does not exist; with ``read_only=True``
@@ -72,11 +95,24 @@ def open_store(url: str, **options: Any) -> Checkpointer:
 
     Raises:
         ValidationError: ``url`` is not a str, names no known store or is malformed (field ``url``; the message
-            never shows a password), or an option is one the chosen store does not take (field: the option).
+            never shows a password), an option is one the chosen store does not take (field: the option), or
+            ``slow_call`` / ``$THREADLOOM_SLOW_CALL_MS`` is not a duration >= 0; nothing is opened.
         ProcessingError: the store cannot be opened (as its constructor documents).
     """
     if not isinstance(url, str):
         raise ValidationError("url", (f"must be a str, got {type(url).__name__}",))
+    slow_call = options.pop("slow_call", _UNSET)
+    if slow_call is _UNSET:
+        slow_call = _slow_call_from_env()
+    if slow_call is not _UNSET:
+        slow_call_seconds(slow_call)  # refused before anything is opened
+    store = _open(url, options)
+    if slow_call is not _UNSET and isinstance(store, StoreBase):
+        store.slow_call = slow_call
+    return store
+
+
+def _open(url: str, options: dict[str, Any]) -> Checkpointer:
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "memory":
         _take_options("memory", InMemoryCheckpointer.__init__, options)

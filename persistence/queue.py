@@ -36,12 +36,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from time import perf_counter
 from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.persistence.logs import SlowCalls
 
 MAX_ERROR_LENGTH = 4000
 """Longest ``error`` text :meth:`RunQueue.finish` keeps, in characters; longer text is cut to this length."""
@@ -202,7 +204,7 @@ class RunQueue(abc.ABC):
         """
 
 
-class QueueBase(RunQueue):
+class QueueBase(SlowCalls, RunQueue):
     """The base of every store's run queue: it validates each call once, then runs the store's implementation.
 
     Each public method of :class:`RunQueue` checks its arguments (``ValidationError`` naming the field, nothing
@@ -214,6 +216,10 @@ class QueueBase(RunQueue):
     def _ensure_open(self, operation: str) -> None:
         if self.closed:
             raise StoreClosed(operation, "the store is closed; open a new one")
+
+    @property
+    def _closed(self) -> bool:  # type: ignore[override]
+        return self.closed
 
     @staticmethod
     def _lease_value(entry: QueueEntry, taken_over_from: str | None = None) -> Lease:
@@ -243,8 +249,12 @@ class QueueBase(RunQueue):
         v.check_json("input", input)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_non_negative_duration("delay", delay)
-        self._ensure_open("enqueue")
-        return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
+        started = self._begin("enqueue")
+        try:
+            return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("enqueue", thread_id, started)
 
     def lease(self, holder: str, ttl: timedelta, *, graph_ids: Iterable[str] | None = None) -> Lease | None:
         v.check_id("holder", holder)
@@ -254,22 +264,34 @@ class QueueBase(RunQueue):
             kinds = v.check_run_ids("graph_ids", graph_ids)
             if not kinds:
                 raise ValidationError("graph_ids", ("must name at least one graph kind, or be None for every kind",))
-        self._ensure_open("lease")
-        return self._lease(holder, ttl, kinds)
+        started = self._begin("lease")
+        try:
+            return self._lease(holder, ttl, kinds)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("lease", None, started)
 
     def renew_lease(self, entry_id: int, attempt: int, ttl: timedelta) -> Lease:
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_positive_duration("ttl", ttl)
-        self._ensure_open("renew_lease")
-        return self._renew_lease(entry_id, attempt, ttl)
+        started = self._begin("renew_lease")
+        try:
+            return self._renew_lease(entry_id, attempt, ttl)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("renew_lease", None, started)
 
     def record_run(self, entry_id: int, attempt: int, run_id: str) -> QueueEntry:
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_id("run_id", run_id)
-        self._ensure_open("record_run")
-        return self._record_run(entry_id, attempt, run_id)
+        started = self._begin("record_run")
+        try:
+            return self._record_run(entry_id, attempt, run_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("record_run", None, started)
 
     def finish(
         self, entry_id: int, attempt: int, *, status: EntryStatus = EntryStatus.COMPLETED, error: str | None = None
@@ -280,22 +302,34 @@ class QueueBase(RunQueue):
             raise ValidationError("status", ("must be EntryStatus.COMPLETED or EntryStatus.FAILED",))
         if error is not None:
             error = v.check_text("error", error)[:MAX_ERROR_LENGTH]
-        self._ensure_open("finish")
-        return self._finish(entry_id, attempt, status, error)
+        started = self._begin("finish")
+        try:
+            return self._finish(entry_id, attempt, status, error)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("finish", None, started)
 
     def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_non_negative_duration("delay", delay)
-        self._ensure_open("release_lease")
-        self._release_lease(entry_id, attempt, delay)
+        started = self._begin("release_lease")
+        try:
+            self._release_lease(entry_id, attempt, delay)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("release_lease", None, started)
 
     # -- reads ------------------------------------------------------------------------------------------------
 
     def entry(self, entry_id: int) -> QueueEntry | None:
         _entry_id("entry_id", entry_id)
-        self._ensure_open("entry")
-        return self._entry(entry_id)
+        started = self._begin("entry")
+        try:
+            return self._entry(entry_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("entry", None, started)
 
     def entries(
         self, *, limit: int = 50, after: int | None = None, status: EntryStatus | None = None
@@ -305,15 +339,23 @@ class QueueBase(RunQueue):
             v.check_int("after", after, low=0)
         if status is not None and not isinstance(status, EntryStatus):
             raise ValidationError("status", ("must be an EntryStatus or None",))
-        self._ensure_open("entries")
-        return self._entries(limit, after or 0, status)
+        started = self._begin("entries")
+        try:
+            return self._entries(limit, after or 0, status)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("entries", None, started)
 
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
         ids = _thread_ids("thread_ids", thread_ids)
-        self._ensure_open("open_runs")
+        started = self._begin("open_runs")
         if not ids:
             return {}
-        return self._open_runs(ids)
+        try:
+            return self._open_runs(ids)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("open_runs", None, started)
 
     # -- what a store implements ------------------------------------------------------------------------------
 
