@@ -166,9 +166,11 @@ class Checkpointer(abc.ABC):
 
         Checks, in order, the first failure winning with nothing written: own token (``StaleClaim``), the
         fence's token (``StaleClaim`` naming the other thread), the checkpoint's parent against the latest
-        (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
-        already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
-        checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
+        (``CheckpointConflict``; with ``retract_turn`` too, against the latest before the cut), a checkpoint id
+        already in the history (before any cut), a pending write not naming the resulting latest,
+        ``retract_turn`` without a checkpoint (each ``InvalidCommit``). Only once every check passed does
+        ``retract_turn`` cut the history back to its newest settled checkpoint (all of it when none is settled),
+        the new checkpoint then following that one; the new checkpoint keeps the ``parent`` it named. The holder may commit after expiry until another claim replaces it.
         The commit's JSON parts are written as their constructors validated and encoded them (changing a dict
         you passed to a constructor afterwards changes nothing that is stored).
 

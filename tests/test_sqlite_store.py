@@ -517,6 +517,7 @@ def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract
     thread = Thread(store, clock, "t")
     thread.step(status=CheckpointStatus.COMPLETED)
     thread.step(events=2)
+    thread.step(events=0)
 
     def checkpoint(cid: str, parent: str | None) -> Checkpoint:
         return Checkpoint(id=cid, parent=parent, thread_id="t", run_id="run-1", status=CheckpointStatus.RUNNING,
@@ -524,14 +525,14 @@ def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract
 
     misdirected = [PendingWrite(checkpoint_id="elsewhere", task_id="task", node_id="n")]
     for commit in (
-        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c2"), pending_writes=misdirected),
+        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c3"), pending_writes=misdirected),
         # the retract turn would cut t-c2, but the history holds it when the commit is checked
-        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c1"), retract_turn=True, pending_writes=misdirected),
+        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c3"), retract_turn=True, pending_writes=misdirected),
     ):
         with pytest.raises(threadloom.InvalidCommit) as info:
             store.commit("t", commit)
         assert "already in the history" in info.value.reason
-        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c2", "t-c1"]
+        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c3", "t-c2", "t-c1"]
         assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2, 3]
 
 

@@ -236,10 +236,6 @@ class InMemoryCheckpointer(StoreBase):
                         break
 
             # Asked only after the token check passed: a current claim means the thread has a row.
-            def base() -> str | None:
-                assert row is not None
-                return row.history[keep - 1].row.id if keep else None
-
             def contains(checkpoint_id: str) -> bool:
                 assert row is not None
                 return checkpoint_id in row.ids
@@ -251,7 +247,6 @@ class InMemoryCheckpointer(StoreBase):
                 fence=commit.fence,
                 fence_current=self._current,
                 checkpoint=None if cp is None else (cp.id, cp.parent),
-                base=base,
                 contains=contains,
                 latest_id=lambda: self._latest_id(row),
                 pending_targets=commit.pending_targets,

@@ -279,16 +279,11 @@ class SqliteCheckpointer(StoreBase):
         now_us: int | None = None
         inserted = False
 
-        def base() -> str | None:
-            nonlocal keep
-            if not commit.retract_turn:
-                return latest_id
-            settled = conn.execute(sql.NEWEST_SETTLED, (thread_id,)).fetchone()
-            keep, base_id = settled if settled is not None else (0, None)
-            return base_id
-
         def contains(checkpoint_id: str) -> bool:
-            nonlocal now_us, inserted
+            nonlocal keep, now_us, inserted
+            if commit.retract_turn:  # the parent named the latest: the cut goes back to the newest settled one
+                settled = conn.execute(sql.NEWEST_SETTLED, (thread_id,)).fetchone()
+                keep = settled[0] if settled is not None else 0
             if keep < top:  # a retract turn: the history still holds what it cuts, the insert comes after the cut
                 return conn.execute(sql.HAS_CHECKPOINT, (thread_id, checkpoint_id)).fetchone() is not None
             # The insert answers: it writes nothing when the history holds the id. A later check's refusal rolls
@@ -304,7 +299,6 @@ class SqliteCheckpointer(StoreBase):
             fence=commit.fence,
             fence_current=lambda other: _token_of(conn, other),
             checkpoint=None if cp is None else (cp.id, cp.parent),
-            base=base,
             contains=contains,
             latest_id=lambda: latest_id,
             pending_targets=commit.pending_targets,

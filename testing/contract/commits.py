@@ -297,27 +297,35 @@ class CommitsContract:
         writer.step(
             "c3", status=SUSPENDED, run_id="run-b", pending=[PendingWrite(checkpoint_id="c3", task_id="t", node_id="n")]
         )
-        # The new checkpoint's parent must be the settled one the cut leaves as latest.
-        expect(
-            CheckpointConflict,
-            lambda: writer.commit(checkpoint=writer.checkpoint("c4", parent="c3"), retract_turn=True),
-            thread_id="t",
-            expected="c3",
-            actual="c1",
-        )
+        # The new checkpoint's parent is checked against the latest before the cut, like every commit's.
+        for stale in ("c1", "c2"):
+            expect(
+                CheckpointConflict,
+                lambda stale=stale: writer.commit(checkpoint=writer.checkpoint("c4", parent=stale), retract_turn=True),
+                thread_id="t",
+                expected=stale,
+                actual="c3",
+            )
         assert ids_of(store.history("t", limit=10)) == ["c3", "c2", "c1"]
+        assert [w.task_id for w in present(store.latest("t")).pending_writes] == ["t"]
         w4 = PendingWrite(checkpoint_id="c4", task_id="t4", node_id="n4")
-        records = writer.commit(
-            checkpoint=writer.checkpoint("c4", parent="c1", run_id="run-c"),
+        retracting = Commit(
+            token=writer.token,
+            checkpoint=writer.checkpoint("c4", parent="c3", run_id="run-c"),
             retract_turn=True,
             pending_writes=[w4],
             events=writer.drafts(1),
         )
+        records = store.commit("t", retracting)
         assert seqs(records) == [1]
         assert ids_of(store.history("t", limit=10)) == ["c4", "c1"]
+        assert present(store.checkpoint("t", "c4")).parent == "c3"  # it names what it followed, now cut
         assert store.checkpoint("t", "c2") is None and store.checkpoint("t", "c3") is None
         assert present(store.latest("t")).pending_writes == (w4,)
         assert store.lookup_run("t", ["run-b"]) is None
+        # The same commit again (a retry after OutcomeUnknown) is refused: its parent is no longer the latest.
+        expect(CheckpointConflict, lambda: store.commit("t", retracting), expected="c3", actual="c4")
+        assert ids_of(store.history("t", limit=10)) == ["c4", "c1"]
         # When the latest is settled nothing is cut.
         writer.latest = "c4"
         writer.step("c5", status=FAILED)
@@ -332,11 +340,18 @@ class CommitsContract:
         writer.step("c2", status=SUSPENDED)
         expect(
             CheckpointConflict,
-            lambda: writer.commit(checkpoint=writer.checkpoint("c3", parent="c2"), retract_turn=True),
-            expected="c2",
-            actual=None,
+            lambda: writer.commit(checkpoint=writer.checkpoint("c3", parent=None), retract_turn=True),
+            expected=None,
+            actual="c2",
         )
-        writer.commit(checkpoint=writer.checkpoint("c3", parent=None), retract_turn=True)
+        # A checkpoint id the cut would remove is still in the history when the commit is checked.
+        expect(
+            InvalidCommit,
+            lambda: writer.commit(checkpoint=writer.checkpoint("c1", parent="c2"), retract_turn=True),
+            thread_id="t",
+        )
+        assert ids_of(store.history("t", limit=10)) == ["c2", "c1"]
+        writer.commit(checkpoint=writer.checkpoint("c3", parent="c2"), retract_turn=True)
         assert ids_of(store.history("t", limit=10)) == ["c3"]
 
     def test_effects_are_first_wins(self, harness: StoreHarness, store: Checkpointer) -> None:
