@@ -8,6 +8,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote
 
+import attrs
+
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.clock import SystemClock
@@ -188,7 +190,9 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             file name); ``postgresql://…`` or ``postgres://…`` (needs the ``postgres`` extra; percent-encode
             ``/`` and ``@`` in a user name or password).
         **options: passed to the store's constructor: ``clock`` for memory; ``clock``, ``busy_timeout``,
-            ``synchronous`` for SQLite; ``config`` for PostgreSQL.
+            ``synchronous`` for SQLite; ``config`` for PostgreSQL. Every store takes ``max_json_size``, the
+            longest JSON text in characters of one stored record (default 16 MiB; for PostgreSQL it sets
+            ``config.max_json_size``).
 
     Returns:
         The open store (a SQLite file is created and migrated if it does not exist).
@@ -219,6 +223,12 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             raise ValidationError(
                 "url", (f"PostgreSQL needs the postgres extra (pip install 'threadloom[postgres]'): {error}",)
             ) from error
+        if "max_json_size" in options:  # a field of the PostgreSQL config, as every store's option
+            from threadloom.persistence.postgres.config import PostgresCheckpointerConfig
+
+            config = options.get("config") or PostgresCheckpointerConfig()
+            if isinstance(config, PostgresCheckpointerConfig):
+                options["config"] = attrs.evolve(config, max_json_size=options.pop("max_json_size"))
         _take_options("PostgreSQL", PostgresCheckpointer.open, options)
         return PostgresCheckpointer.open(url, **options)
     raise ValidationError(

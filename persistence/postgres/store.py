@@ -146,7 +146,7 @@ class PostgresCheckpointer(StoreBase):
 
     def __init__(self, db: Database, *, target: str) -> None:
         """Internal: use :meth:`open` or :meth:`create`."""
-        super().__init__()
+        super().__init__(max_json_size=db.config.max_json_size)
         from psycopg.types.json import Jsonb
 
         self._db = db

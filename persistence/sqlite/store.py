@@ -54,7 +54,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence.base import StoreBase, ask_guard
+from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_guard, check_max_json_size
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.sqlite import retention
@@ -123,10 +123,10 @@ class SqliteCheckpointer(StoreBase):
     ``OutcomeUnknown`` (read the thread, or retry: fencing refuses a write twice).
     """
 
-    def __init__(self, database: Database, opening: object) -> None:
+    def __init__(self, database: Database, opening: object, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
         if opening is not _OPENING:
             raise TypeError("build a SqliteCheckpointer with SqliteCheckpointer.open(path, ...)")
-        super().__init__()
+        super().__init__(max_json_size=max_json_size)
         self._db = database
         self.queue = SqliteRunQueue(database)
         """The store's run queue, in the same file: its open entries' runs survive retention."""
@@ -139,6 +139,7 @@ class SqliteCheckpointer(StoreBase):
         busy_timeout: timedelta = timedelta(seconds=5),
         *,
         synchronous: str = SYNCHRONOUS,
+        max_json_size: int = DEFAULT_MAX_JSON_SIZE,
     ) -> SqliteCheckpointer:
         """Opens (creating and migrating as needed) the store in the SQLite file at ``path``.
 
@@ -154,6 +155,9 @@ class SqliteCheckpointer(StoreBase):
             synchronous: ``PRAGMA synchronous`` of the connections, one of ``OFF``, ``NORMAL``, ``FULL``,
                 ``EXTRA``; default ``NORMAL`` (a crash of the process loses nothing committed, a power loss may
                 lose the last commits; ``FULL`` syncs every commit).
+            max_json_size: the longest JSON text, in characters, of one record a commit stores (a checkpoint
+                with its state, a pending write, an event, an effect record); default 16 MiB, at most 128 MiB.
+                A longer one is a ``ValidationError`` before the file is touched (README "Limits").
 
         Returns:
             The open store; close it with :meth:`close` (or use it as a context manager).
@@ -174,8 +178,9 @@ class SqliteCheckpointer(StoreBase):
         v.check_positive_duration("busy_timeout", busy_timeout)
         if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ValidationError("synchronous", (f"must be one of {sorted(SYNCHRONOUS_MODES)}, got {synchronous!r}",))
+        check_max_json_size(max_json_size)
         database = Database(absolute, clock, busy_timeout.total_seconds(), synchronous.upper())
-        store = cls(database, _OPENING)
+        store = cls(database, _OPENING, max_json_size)
         try:
             database.setup(
                 lambda conn: sql.migrate(
