@@ -177,3 +177,71 @@ def test_a_full_disk_refuses_a_sqlite_commit_as_not_applied_and_nothing_is_half_
     assert got["retried"] == [len(got["acked"]) + 1]
     assert got["final_latest"] == got["tried"]
     assert got["final_seqs"] == list(range(1, len(got["acked"]) + 2))
+
+
+# -- skewed clocks on one SQLite file ------------------------------------------------------------------------------
+
+
+def _skew_reports(logs: list[dict]) -> list[tuple[str, str | None, int]]:
+    return [(e["op"], e["holder"], e["skew_ms"]) for e in logs if e["event"] == "clock.skew_detected"]
+
+
+def test_a_process_that_reads_a_claim_or_commit_stamped_in_its_future_reports_the_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import structlog
+
+    from threadloom import InMemoryMeter, ManualClock, MeteredCheckpointer, SqliteCheckpointer, ThreadBusy
+    from threadloom.persistence.sqlite import skew
+
+    path = tmp_path / "one.db"
+    behind, ahead = ManualClock(NOW), ManualClock(NOW + timedelta(seconds=60))
+    meter = InMemoryMeter()
+    slow = MeteredCheckpointer(SqliteCheckpointer.open(path, clock=behind), meter)
+    fast = SqliteCheckpointer.open(path, clock=ahead)
+    near = SqliteCheckpointer.open(path, clock=ManualClock(NOW + timedelta(seconds=4)))  # within the 5 s tolerance
+    ttl = timedelta(seconds=30)
+    with structlog.testing.capture_logs() as logs:
+        claim = fast.claim("t", ClaimRequest(holder="run-fast", ttl=ttl))
+        fast.commit("t", Commit(token=claim.token, checkpoint=Checkpoint(
+            id="c1", parent=None, thread_id="t", run_id="run-fast", status=CheckpointStatus.RUNNING, created_at=NOW)))
+        for _ in range(3):  # the fast process's claim, renewed a moment ago, is in the slow one's future
+            with pytest.raises(ThreadBusy):
+                slow.claim("t", ClaimRequest(holder="run-slow", ttl=ttl))
+        assert _skew_reports(logs) == [("claim", "run-fast", 60_000)]  # once per holder per period
+        report = next(e for e in logs if e["event"] == "clock.skew_detected")
+        assert report["thread_id"] == "t" and report["tolerance_ms"] == 5000 and report["log_level"] == "warning"
+        assert str(path) in report["path"]
+        # The near process's stamps are within the tolerance, and the fast one sees only stamps in its past.
+        near_claim = near.claim("u", ClaimRequest(holder="run-near", ttl=ttl))
+        near.commit("u", Commit(token=near_claim.token, checkpoint=Checkpoint(
+            id="u1", parent=None, thread_id="u", run_id="run-near", status=CheckpointStatus.RUNNING, created_at=NOW)))
+        near.release("u", near_claim.token)
+        slow.claim("u", ClaimRequest(holder="run-slow", ttl=ttl))
+        # The harm the README warns of: the fast process takes over a claim granted a moment ago, unaware.
+        assert fast.claim("u", ClaimRequest(holder="run-fast", ttl=ttl)).taken_over_from == "run-slow"
+        assert _skew_reports(logs) == [("claim", "run-fast", 60_000)]
+        # Each period the holder is reported again: here a commit on a thread the fast process committed to.
+        monkeypatch.setattr(skew, "SKEW_REPORT_PERIOD", timedelta(0))
+        fast.release("t", claim.token)
+        ahead.advance(timedelta(seconds=1))
+        behind.advance(timedelta(seconds=1))
+        mine = slow.claim("t", ClaimRequest(holder="run-slow", ttl=ttl))
+        slow.commit("t", Commit(token=mine.token, events=[EventDraft(run_id="run-slow", type="e", timestamp=NOW)]))
+    assert _skew_reports(logs) == [("claim", "run-fast", 60_000), ("claim", "run-fast", 59_000),
+                                   ("commit", "run-fast", 59_000)]  # fmt: skip
+    snapshot = meter.snapshot()
+    assert snapshot.counter("threadloom_clock_skew_detected_total", op="claim") == 2
+    assert snapshot.counter("threadloom_clock_skew_detected_total", op="commit") == 1
+    for store in (slow, fast, near):
+        store.close()
+
+
+def test_clock_skew_tolerance_is_an_option_and_is_checked(tmp_path: Path) -> None:
+    from threadloom import ManualClock
+
+    with pytest.raises(ValidationError) as info:
+        open_store(f"sqlite:///{tmp_path}/x.db", clock_skew_tolerance=timedelta(0))
+    assert info.value.field == "clock_skew_tolerance" and not (tmp_path / "x.db").exists()
+    with open_store(f"sqlite:///{tmp_path}/x.db", clock=ManualClock(NOW), clock_skew_tolerance=timedelta(minutes=2)) as a:
+        assert a.skew_watch.tolerance == timedelta(minutes=2)

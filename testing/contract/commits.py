@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -302,9 +303,10 @@ class CommitsContract:
         )
         # The new checkpoint's parent is checked against the latest before the cut, like every commit's.
         for stale in ("c1", "c2"):
+            stale_cp = writer.checkpoint("c4", parent=stale)
             expect(
                 CheckpointConflict,
-                lambda stale=stale: writer.commit(checkpoint=writer.checkpoint("c4", parent=stale), retract_turn=True),
+                functools.partial(writer.commit, checkpoint=stale_cp, retract_turn=True),
                 thread_id="t",
                 expected=stale,
                 actual="c3",
@@ -407,7 +409,7 @@ class CommitsContract:
             ),
         ]
         for field, commit in cases:
-            error = expect(ValidationError, lambda commit=commit: store.commit("t", commit), field=field)
+            error = expect(ValidationError, functools.partial(store.commit, "t", commit), field=field)
             assert f"{limit + 1:,} characters" in str(error.problems) and f"{limit:,}" in str(error.problems)
             assert snapshot(store, ["t"]) == before, field
         # A record of exactly the limit is written whole.
