@@ -47,7 +47,6 @@ def check_commit(
     fence: tuple[str, int] | None,
     fence_current: Callable[[str], int | None],
     checkpoint: tuple[str, str | None] | None,
-    base: Callable[[], str | None],
     contains: Callable[[str], bool],
     latest_id: Callable[[], str | None],
     pending_targets: Sequence[tuple[str, str]],
@@ -63,17 +62,17 @@ def check_commit(
         fence, fence_current: the commit's fence ``(other_thread, other_token)`` and a reader of another
             thread's current claim token.
         checkpoint: ``(id, parent)`` of the commit's checkpoint, or None.
-        base: the id the checkpoint's parent must name: the latest, or with ``retract_turn`` the newest settled
-            checkpoint (None for an empty history).
-        contains: whether the thread's history holds a checkpoint id.
-        latest_id: the thread's latest checkpoint id (what pending writes name when the commit has no
-            checkpoint).
+        contains: whether the thread's history holds a checkpoint id (as it stands before the commit: with
+            ``retract_turn`` before the cut).
+        latest_id: the thread's latest checkpoint id before the commit (None for an empty history): what the
+            checkpoint's parent must name — with ``retract_turn`` too, the cut coming after every check — and
+            what pending writes name when the commit has no checkpoint.
         pending_targets: ``(task_id, checkpoint_id)`` of each pending write, in order.
         retract_turn: the commit's flag.
 
     Raises:
         StaleClaim: own token, then the fence's token (naming the fence's thread).
-        CheckpointConflict: the checkpoint's parent is not ``base()``.
+        CheckpointConflict: the checkpoint's parent is not ``latest_id()``.
         InvalidCommit: the checkpoint id is already in the history; a pending write names another checkpoint
             than the resulting latest; ``retract_turn`` without a checkpoint.
     """
@@ -82,9 +81,9 @@ def check_commit(
         check_token(fence[0], fence[1], fence_current(fence[0]))
     if checkpoint is not None:
         checkpoint_id, parent = checkpoint
-        expected = base()
-        if parent != expected:
-            raise CheckpointConflict(thread_id, parent, expected)
+        latest = latest_id()
+        if parent != latest:
+            raise CheckpointConflict(thread_id, parent, latest)
         if contains(checkpoint_id):
             raise InvalidCommit(thread_id, f"checkpoint {checkpoint_id!r} is already in the history")
     if pending_targets:

@@ -330,7 +330,8 @@ class Commit:
         pending_writes: writes against the resulting latest checkpoint, in order.
         events: drafts the store numbers contiguously, in order.
         effects: effect records, written first-wins by key.
-        retract_turn: cut the history back to its newest settled checkpoint first (needs a checkpoint).
+        retract_turn: cut the history back to its newest settled checkpoint before adding ``checkpoint`` (needs
+            one, whose parent names the latest before the cut, as in every commit).
         fence: ``(other_thread_id, other_token)``: also require that claim, checked after the thread's own.
         metadata: keys merged into the thread's metadata (a metadata commit moves ``updated_at``).
     """

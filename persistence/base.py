@@ -58,16 +58,30 @@ def _check_cancel(cancel: Any) -> threading.Event | None:
     return cancel
 
 
-def check_commit(thread_id: str, commit: Any) -> EncodedCommit:
+DEFAULT_MAX_JSON_SIZE = 16 * 1024 * 1024
+"""The default ``max_json_size`` of every store: 16 MiB characters of JSON per stored record."""
+
+MAX_MAX_JSON_SIZE = 128 * 1024 * 1024
+"""The largest ``max_json_size`` a store takes: SQLite refuses a value of 1e9 bytes or more (and a character
+may take 4 bytes in UTF-8), PostgreSQL one of 1 GiB."""
+
+
+def check_max_json_size(value: Any) -> int:
+    """Validates a store's ``max_json_size`` (an int, 1 .. :data:`MAX_MAX_JSON_SIZE`)."""
+    return v.check_int("max_json_size", value, low=1, high=MAX_MAX_JSON_SIZE)
+
+
+def check_commit(thread_id: str, commit: Any, max_json_size: int | None = None) -> EncodedCommit:
     """Validates ``commit`` for ``thread_id`` and encodes it, once.
 
     The encoding is :func:`~threadloom.persistence.encoded.encode_commit`'s.
 
     Raises:
         ValidationError: not a ``Commit``; its checkpoint names another thread or carries another token; its
-            fence names the thread itself; two effects share a key; a part changed behind its constructor.
+            fence names the thread itself; two effects share a key; a part changed behind its constructor; a
+            stored record would be longer than ``max_json_size`` characters.
     """
-    return encode_commit(thread_id, commit)
+    return encode_commit(thread_id, commit, max_json_size)
 
 
 OPERATIONS: tuple[str, ...] = (
@@ -166,11 +180,20 @@ class Checkpointer(abc.ABC):
 
         Checks, in order, the first failure winning with nothing written: own token (``StaleClaim``), the
         fence's token (``StaleClaim`` naming the other thread), the checkpoint's parent against the latest
-        (``CheckpointConflict``; with ``retract_turn`` against the newest settled checkpoint), a checkpoint id
-        already in the history, a pending write not naming the resulting latest, ``retract_turn`` without a
-        checkpoint (each ``InvalidCommit``). The holder may commit after expiry until another claim replaces it.
-        The commit's JSON parts are written as their constructors validated and encoded them (changing a dict
-        you passed to a constructor afterwards changes nothing that is stored).
+        (``CheckpointConflict``; with ``retract_turn`` too, against the latest before the cut), a checkpoint id
+        already in the history (before any cut), a pending write not naming the resulting latest,
+        ``retract_turn`` without a checkpoint (each ``InvalidCommit``). Only once every check passed does
+        ``retract_turn`` cut the history back to its newest settled checkpoint (all of it when none is settled),
+        the new checkpoint then following that one; the new checkpoint keeps the ``parent`` it named. The holder
+        may commit after expiry until another claim replaces it. The commit's JSON parts are written as their
+        constructors validated and encoded them (changing a dict you passed to a constructor afterwards changes
+        nothing that is stored).
+
+        Size: each stored record's JSON text - the checkpoint with its state, each pending write with its
+        payload, each event with its payload, each effect record with its result - may hold at most the store's
+        ``max_json_size`` characters (default 16 MiB; README "Limits"). A longer one is a ``ValidationError``
+        naming the part (``commit.checkpoint.state``, ``commit.events[2].payload``, ...) and its size, raised
+        before the storage is touched.
 
         Returns:
             The commit's events, numbered contiguously in commit order, each with the commit's token: what a
@@ -180,7 +203,9 @@ class Checkpointer(abc.ABC):
             StaleClaim, CheckpointConflict, InvalidCommit: as above; a retry with the same commit is refused
                 the same way.
             OutcomeUnknown: the storage failed while the commit was in flight (read the thread to learn).
-            ValidationError, ProcessingError: as for :meth:`claim`.
+            ValidationError: as for :meth:`claim`, and a record over ``max_json_size`` (nothing written; the
+                same commit is refused again).
+            ProcessingError: as for :meth:`claim`.
         """
 
     # -- reads -----------------------------------------------------------------------------------------------------
@@ -337,7 +362,10 @@ class StoreBase(SlowCalls, Checkpointer):
     poll_interval: timedelta = timedelta(milliseconds=50)
     """How often the polling default of :meth:`await_events_after` re-reads (a store that wakes overrides it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
+        self.max_json_size = check_max_json_size(max_json_size)
+        """The longest JSON text, in characters, of one stored record (a checkpoint with its state, a pending
+        write, an event, an effect record) that :meth:`commit` accepts; a longer one is a ``ValidationError``."""
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -418,7 +446,7 @@ class StoreBase(SlowCalls, Checkpointer):
         """:meth:`Checkpointer.commit`: validates and encodes ``commit`` once
         (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
         v.check_id("thread_id", thread_id)
-        encoded = check_commit(thread_id, commit)
+        encoded = check_commit(thread_id, commit, self.max_json_size)
         started = self._begin("commit")
         try:
             return self._commit(thread_id, encoded)

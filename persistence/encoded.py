@@ -124,14 +124,36 @@ class EncodedCommit:
     """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
 
 
+def _check_size(field: str, part: str, record: str, limit: int | None, record_field: str) -> None:
+    """Refuses a stored record's text longer than ``limit`` characters (one length compare: no extra pass).
+
+    The error names the JSON part (``field``) when it is most of the record, else the record (``record_field``:
+    its ids and metadata made it large).
+    """
+    if limit is not None and len(record) > limit:
+        name = field if 2 * len(part) >= len(record) else record_field
+        part_name = field.rsplit(".", 1)[-1]
+        raise ValidationError(
+            name,
+            (
+                f"is {len(record):,} characters of JSON as stored ({len(part):,} of them the {part_name}), "
+                f"over the store's limit of {limit:,} per record (max_json_size); nothing was written",
+            ),
+        )
+
+
 def _instance(field: str, value: Any, kind: type) -> Any:
     if not isinstance(value, kind):
         raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
     return value
 
 
-def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
-    """``cp`` encoded for storage with ``fencing_token`` = ``token`` (the store stamps the commit's token)."""
+def encode_checkpoint(cp: Checkpoint, token: int | None, limit: int | None = None) -> EncodedCheckpoint:
+    """``cp`` encoded for storage with ``fencing_token`` = ``token`` (the store stamps the commit's token).
+
+    Raises:
+        ValidationError: the stored text would be longer than ``limit`` characters (None: no limit).
+    """
     state = cp.sealed_json()
     origin = cp.origin
     origin_text = (
@@ -147,6 +169,7 @@ def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
         f'"tenant_id":{_q(cp.tenant_id)},"fencing_token":{"null" if token is None else int(token)},'
         f'"origin":{origin_text},"metadata":{metadata},"state":{state}}}'
     )
+    _check_size("commit.checkpoint.state", state, text, limit, "commit.checkpoint")
     return EncodedCheckpoint(
         id=cp.id,
         parent=cp.parent,
@@ -161,40 +184,51 @@ def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
     )
 
 
-def encode_pending_write(pw: PendingWrite) -> EncodedWrite:
-    """A pending write encoded for storage."""
+def encode_pending_write(pw: PendingWrite, limit: int | None = None, index: int = 0) -> EncodedWrite:
+    """A pending write encoded for storage (``limit`` and ``index``: as :func:`encode_commit` checks sizes)."""
+    payload = pw.sealed_json()
     text = (
         f'{{"checkpoint_id":{_q(pw.checkpoint_id)},"task_id":{_q(pw.task_id)},"node_id":{_q(pw.node_id)},'
-        f'"payload":{pw.sealed_json()}}}'
+        f'"payload":{payload}}}'
     )
+    _check_size(f"commit.pending_writes[{index}].payload", payload, text, limit, f"commit.pending_writes[{index}]")
     return EncodedWrite(checkpoint_id=pw.checkpoint_id, task_id=pw.task_id, text=text)
 
 
-def encode_event(draft: EventDraft, thread_id: str, token: int) -> EncodedEvent:
+def encode_event(
+    draft: EventDraft, thread_id: str, token: int, limit: int | None = None, index: int = 0
+) -> EncodedEvent:
     """An event draft encoded for storage, to be numbered by the store (:meth:`EncodedEvent.text`)."""
+    payload = draft.sealed_json()
     tail = (
         f'"thread_id":{_q(thread_id)},"token":{int(token)},"run_id":{_q(draft.run_id)},"type":{_q(draft.type)},'
         f'"timestamp":{to_micros(draft.timestamp)},"checkpoint_id":{_q(draft.checkpoint_id)},'
-        f'"task_id":{_q(draft.task_id)},"node_id":{_q(draft.node_id)},"payload":{draft.sealed_json()}}}'
+        f'"task_id":{_q(draft.task_id)},"node_id":{_q(draft.node_id)},"payload":{payload}}}'
     )
+    # The number in front (at most 28 characters) is left out of the count.
+    _check_size(f"commit.events[{index}].payload", payload, tail, limit, f"commit.events[{index}]")
     return EncodedEvent(draft, thread_id, token, tail)
 
 
-def encode_effect(effect: EffectRecord) -> EncodedEffect:
-    """An effect record encoded for storage."""
+def encode_effect(effect: EffectRecord, limit: int | None = None, index: int = 0) -> EncodedEffect:
+    """An effect record encoded for storage (``limit`` and ``index``: as :func:`encode_commit` checks sizes)."""
+    result = effect.sealed_json()
     text = (
         f'{{"key":{_q(effect.key)},"run_id":{_q(effect.run_id)},"recorded_at":{to_micros(effect.recorded_at)},'
-        f'"checkpoint_id":{_q(effect.checkpoint_id)},"task_id":{_q(effect.task_id)},"result":{effect.sealed_json()}}}'
+        f'"checkpoint_id":{_q(effect.checkpoint_id)},"task_id":{_q(effect.task_id)},"result":{result}}}'
     )
+    _check_size(f"commit.effects[{index}].result", result, text, limit, f"commit.effects[{index}]")
     return EncodedEffect(key=effect.key, text=text)
 
 
-def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
+def encode_commit(thread_id: str, commit: Any, max_json_size: int | None = None) -> EncodedCommit:
     """Validates ``commit`` for ``thread_id`` and encodes it, once (see the module docstring).
 
     Checks what no constructor can: the checkpoint names ``thread_id`` and carries no other token, is not its
-    own parent; the fence names another thread; no two effect records share a key. A part whose fields were
-    replaced after it was built (bypassing its validators) is validated again.
+    own parent; the fence names another thread; no two effect records share a key; no stored record (the
+    checkpoint with its state, a pending write, an event, an effect record) is longer than ``max_json_size``
+    characters of JSON (None: no limit). A part whose fields were replaced after it was built (bypassing its
+    validators) is validated again.
 
     Returns:
         The encoded commit a store's ``_commit`` writes as is.
@@ -211,7 +245,7 @@ def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
     encoded_cp = None
     if cp is not None:
         _instance("commit.checkpoint", cp, Checkpoint)
-        encoded_cp = encode_checkpoint(cp, token)  # validates a replaced field first
+        encoded_cp = encode_checkpoint(cp, token, max_json_size)  # validates a replaced field first
         if cp.thread_id != thread_id:
             raise ValidationError(
                 "commit.checkpoint.thread_id", (f"names thread {cp.thread_id!r}, but the commit is to {thread_id!r}",)
@@ -225,11 +259,12 @@ def encode_commit(thread_id: str, commit: Any) -> EncodedCommit:
             raise ValidationError("commit.checkpoint.parent", ("must not be the checkpoint itself",))
     if commit.fence is not None and commit.fence[0] == thread_id:
         raise ValidationError("commit.fence", ("must name another thread than the one committed to",))
-    writes = tuple(encode_pending_write(_instance("commit.pending_writes", pw, PendingWrite))
-                   for pw in commit.pending_writes)
-    events = tuple(encode_event(_instance("commit.events", draft, EventDraft), thread_id, token)
-                   for draft in commit.events)
-    effects = tuple(encode_effect(_instance("commit.effects", effect, EffectRecord)) for effect in commit.effects)
+    writes = tuple(encode_pending_write(_instance("commit.pending_writes", pw, PendingWrite), max_json_size, i)
+                   for i, pw in enumerate(commit.pending_writes))
+    events = tuple(encode_event(_instance("commit.events", draft, EventDraft), thread_id, token, max_json_size, i)
+                   for i, draft in enumerate(commit.events))
+    effects = tuple(encode_effect(_instance("commit.effects", effect, EffectRecord), max_json_size, i)
+                    for i, effect in enumerate(commit.effects))
     if len({effect.key for effect in effects}) != len(effects):
         raise ValidationError("commit.effects", ("two effect records share a key",))
     return EncodedCommit(

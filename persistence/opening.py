@@ -10,6 +10,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import attrs
+
 from threadloom.domain.errors import ValidationError
 from threadloom.persistence.base import Checkpointer, StoreBase
 from threadloom.persistence.logs import slow_call_seconds
@@ -87,7 +89,9 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             ``timedelta`` (default: ``$THREADLOOM_SLOW_CALL_MS`` milliseconds if set, else 1 s; None or
             ``timedelta(0)``: never). The others go to the store's constructor: ``clock`` for memory;
             ``clock``, ``busy_timeout``, ``synchronous``, ``read_only`` for SQLite; ``config`` for PostgreSQL
-            (``config.create=False``: never create or migrate the schema).
+            (``config.create=False``: never create or migrate the schema). Every store takes
+            ``max_json_size``, the longest JSON text in characters of one stored record (default 16 MiB; for
+            PostgreSQL it sets ``config.max_json_size``).
 
     Returns:
         The open store (a SQLite file is created and migrated if it does not exist; with ``read_only=True``
@@ -132,6 +136,12 @@ def _open(url: str, options: dict[str, Any]) -> Checkpointer:
             raise ValidationError(
                 "url", (f"PostgreSQL needs the postgres extra (pip install 'threadloom[postgres]'): {error}",)
             ) from error
+        if "max_json_size" in options:  # a field of the PostgreSQL config, as every store's option
+            from threadloom.persistence.postgres.config import PostgresCheckpointerConfig
+
+            config = options.get("config") or PostgresCheckpointerConfig()
+            if isinstance(config, PostgresCheckpointerConfig):
+                options["config"] = attrs.evolve(config, max_json_size=options.pop("max_json_size"))
         _take_options("PostgreSQL", PostgresCheckpointer.open, options)
         return PostgresCheckpointer.open(url, **options)
     raise ValidationError(

@@ -354,9 +354,7 @@ def make_state_machine(
             retract = data.draw(SMALL[5], label="retract?") == 0
             cp = None
             if with_checkpoint:
-                parent = latest
-                if retract:
-                    parent = next((c.id for c in history if c.status.settled), None)
+                parent = latest  # with retract_turn too: the cut comes after the checks
                 if data.draw(SMALL[9], label="wrong parent?") == 0:
                     parent = pick(data, [None, *self.checkpoint_ids], "wrong parent")
                 cp_id = None

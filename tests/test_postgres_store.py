@@ -345,7 +345,8 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     harness.sibling()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
-    assert versions == [(1,), (2,), (3,), (4,)]  # 2: the run queue; 3: bigint retention counts; 4: commit texts
+    # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest
+    assert versions == [(1,), (2,), (3,), (4,), (5,)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -378,7 +379,10 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     functions = {
         entry.name: entry.read_text() for entry in folder.joinpath("functions").iterdir() if entry.name.endswith(".sql")
     }
-    assert sorted(files) == ["0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql"]
+    assert sorted(files) == [
+        "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
+        "0005_retract_parent.sql",
+    ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
         assert not re.search(r"CREATE (OR REPLACE )?FUNCTION", text), name
@@ -403,7 +407,7 @@ REPLACED_FORMS = {
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:

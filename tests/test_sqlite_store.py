@@ -363,18 +363,52 @@ def _arm_on(conn: sqlite3.Connection, statement: str) -> dict[str, bool]:
     return armed
 
 
-def test_a_failure_of_the_commit_statement_is_outcome_unknown(store: SqliteCheckpointer, clock: ManualClock) -> None:
+def test_a_commit_statement_that_failed_with_its_transaction_still_open_did_not_apply(
+    store: SqliteCheckpointer, clock: ManualClock
+) -> None:
     thread = Thread(store, clock, "t")
     (conn,) = store._db.idle
     armed = _arm_on(conn, "COMMIT")
-    with pytest.raises(OutcomeUnknown) as info:
+    with pytest.raises(ProcessingError) as info:
         store.commit("t", Commit(token=thread.token, events=[EventDraft(run_id="r", type="e", timestamp=clock.now())]))
+    # SQLite kept the transaction open: the rollback discards it, so the error says it did not apply.
+    assert type(info.value) is ProcessingError and "interrupted" in info.value.message
     assert info.value.operation == "commit" and "'t'" in info.value.message
     armed["on"] = False
     assert store._db.idle == []  # the failed connection was not pooled again
-    assert store.events_after("t", 0, 10) == []  # here it did not apply; the store is still usable
+    assert store.events_after("t", 0, 10) == []
     assert len(store.commit("t", Commit(token=thread.token, events=[
         EventDraft(run_id="r", type="e", timestamp=clock.now())]))) == 1
+
+
+def test_a_failed_commit_is_known_unapplied_only_while_its_transaction_is_open_or_the_disk_was_full(
+    tmp_path: pathlib.Path,
+) -> None:
+    from threadloom.persistence.sqlite.errors import not_applied
+
+    conn = raw(str(tmp_path / "n.db"))
+    conn.execute("CREATE TABLE t (x)")
+    conn.execute("PRAGMA max_page_count = 2")
+    try:
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+        raise AssertionError("the insert should have filled the file")
+    except sqlite3.OperationalError as error:
+        full = error
+    conn.set_progress_handler(lambda: 1, 1)
+    try:
+        conn.execute("SELECT count(*) FROM t")
+        raise AssertionError("the progress handler should have interrupted the query")
+    except sqlite3.OperationalError as error:
+        interrupted = error
+    conn.set_progress_handler(None, 1)
+    assert not conn.in_transaction
+    assert not_applied(conn, full)  # SQLITE_FULL: SQLite could not write the commit, and rolled back
+    assert not not_applied(conn, interrupted)  # rolled back by SQLite after some other failure: unknown
+    conn.execute("BEGIN")
+    assert not_applied(conn, interrupted)  # still open: the rollback that follows discards it
+    conn.execute("ROLLBACK")
+    conn.close()
+    assert not not_applied(conn, full)  # a closed connection tells nothing
 
 
 def test_a_failure_before_the_commit_statement_is_a_plain_processing_error(
@@ -517,6 +551,7 @@ def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract
     thread = Thread(store, clock, "t")
     thread.step(status=CheckpointStatus.COMPLETED)
     thread.step(events=2)
+    thread.step(events=0)
 
     def checkpoint(cid: str, parent: str | None) -> Checkpoint:
         return Checkpoint(id=cid, parent=parent, thread_id="t", run_id="run-1", status=CheckpointStatus.RUNNING,
@@ -524,14 +559,14 @@ def test_a_duplicate_id_is_found_before_a_misdirected_write_and_before_a_retract
 
     misdirected = [PendingWrite(checkpoint_id="elsewhere", task_id="task", node_id="n")]
     for commit in (
-        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c2"), pending_writes=misdirected),
+        Commit(token=thread.token, checkpoint=checkpoint("t-c1", "t-c3"), pending_writes=misdirected),
         # the retract turn would cut t-c2, but the history holds it when the commit is checked
-        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c1"), retract_turn=True, pending_writes=misdirected),
+        Commit(token=thread.token, checkpoint=checkpoint("t-c2", "t-c3"), retract_turn=True, pending_writes=misdirected),
     ):
         with pytest.raises(threadloom.InvalidCommit) as info:
             store.commit("t", commit)
         assert "already in the history" in info.value.reason
-        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c2", "t-c1"]
+        assert [cp.id for cp in store.history("t", limit=5)] == ["t-c3", "t-c2", "t-c1"]
         assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2, 3]
 
 
@@ -753,7 +788,7 @@ def test_a_refused_write_in_a_batch_rolls_back_alone(store: SqliteCheckpointer, 
     assert [s.metadata for s in store.threads(ThreadQuery(tenant_id=None)).items if s.thread_id == "t2"] == [{}]
 
 
-def test_a_failed_commit_of_a_batch_is_outcome_unknown_for_each_write_it_held(
+def test_a_failed_commit_of_a_batch_fails_each_write_it_held_as_not_applied(
     store: SqliteCheckpointer, clock: ManualClock
 ) -> None:
     threads = [Thread(store, clock, f"t{i}") for i in range(4)]
@@ -775,9 +810,11 @@ def test_a_failed_commit_of_a_batch_is_outcome_unknown_for_each_write_it_held(
         commit(0, threads[0].token), commit(1, threads[1].token), commit(2, 999), commit(3, threads[3].token)])
     finish()
     assert outcomes[0][0] == "ok"
-    assert type(outcomes[1][1]) is OutcomeUnknown and "'t1'" in outcomes[1][1].message
+    # The interrupted COMMIT left the transaction open, and the rollback discarded it: each write it held says
+    # it failed (not OutcomeUnknown), and none applied.
+    assert type(outcomes[1][1]) is ProcessingError and "'t1'" in outcomes[1][1].message
     assert isinstance(outcomes[2][1], threadloom.StaleClaim)  # refused before the COMMIT: its own outcome
-    assert type(outcomes[3][1]) is OutcomeUnknown and "'t3'" in outcomes[3][1].message
+    assert type(outcomes[3][1]) is ProcessingError and "'t3'" in outcomes[3][1].message
     assert [len(store.events_after(f"t{i}", 0, 10)) for i in range(4)] == [1, 0, 0, 0]
 
 

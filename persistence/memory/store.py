@@ -40,7 +40,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence.base import StoreBase, ask_guard
+from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.encoded import EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
@@ -92,10 +92,13 @@ class InMemoryCheckpointer(StoreBase):
 
     Args:
         clock: the store's clock; it decides claim expiry, ``updated_at``, tombstone and retention age.
+        max_json_size: the longest JSON text, in characters, of one record a commit stores (a checkpoint with
+            its state, a pending write, an event, an effect record); default 16 MiB, at most 128 MiB. A longer
+            one is a ``ValidationError`` (README "Limits").
     """
 
-    def __init__(self, clock: Clock | None = None) -> None:
-        super().__init__()
+    def __init__(self, clock: Clock | None = None, *, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
+        super().__init__(max_json_size=max_json_size)
         self._clock = check_clock("clock", clock) if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -236,10 +239,6 @@ class InMemoryCheckpointer(StoreBase):
                         break
 
             # Asked only after the token check passed: a current claim means the thread has a row.
-            def base() -> str | None:
-                assert row is not None
-                return row.history[keep - 1].row.id if keep else None
-
             def contains(checkpoint_id: str) -> bool:
                 assert row is not None
                 return checkpoint_id in row.ids
@@ -251,7 +250,6 @@ class InMemoryCheckpointer(StoreBase):
                 fence=commit.fence,
                 fence_current=self._current,
                 checkpoint=None if cp is None else (cp.id, cp.parent),
-                base=base,
                 contains=contains,
                 latest_id=lambda: self._latest_id(row),
                 pending_targets=commit.pending_targets,

@@ -32,6 +32,12 @@ metric                                      kind       labels          what
                                                                        events, at once or after waiting),
                                                                        ``timed_out`` (returned ``[]``), ``cancelled``
                                                                        (raised ``CancelledError``)
+``threadloom_clock_skew_detected_total``    counter    ``op``          a SQLite store read a claim or commit another
+                                                                       process stamped in its future by more than its
+                                                                       ``clock_skew_tolerance`` (at most once per
+                                                                       holder a minute; log ``clock.skew_detected``
+                                                                       names the holder); only for a store that
+                                                                       watches for skew
 ==========================================  =========  ==============  ===============================================
 
 ``op`` is the store method's name: ``claim``, ``renew``, ``release``, ``commit``, ``latest``, ``checkpoint``,
@@ -73,6 +79,7 @@ SWEEP_VISITED = "threadloom_sweep_visited_total"
 SWEEP_PRUNED = "threadloom_sweep_pruned_total"
 SWEEP_RECLAIMED = "threadloom_sweep_reclaimed_total"
 WAITS = "threadloom_waits_total"
+CLOCK_SKEW = "threadloom_clock_skew_detected_total"
 
 STORE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -107,6 +114,12 @@ STORE_METRICS: tuple[MetricSpec, ...] = (
         kind="counter",
         help="await_events_after outcomes: woken (returned events), timed_out (returned none), cancelled.",
         labels=("outcome",),
+    ),
+    MetricSpec(
+        name=CLOCK_SKEW,
+        kind="counter",
+        help="Claims or commits read stamped in this process's future beyond the tolerance (SQLite), by store method.",
+        labels=("op",),
     ),
 )
 """The metrics :class:`MeteredCheckpointer` records (see the module docstring); it describes each to its meter."""
@@ -195,6 +208,14 @@ class MeteredCheckpointer(ForwardingCheckpointer):
         self._ops["commit"].after = self._committed
         self._ops["await_events_after"].after = self._waited
         self._ops["sweep"].after = self._swept
+        watched: Any = inner
+        while watched is not None and getattr(watched, "skew_watch", None) is None:
+            watched = getattr(watched, "inner", None)
+        if watched is not None:
+            skew = {op: meter.counter(CLOCK_SKEW, _OP[op]) for op in ("claim", "commit")}  # the ops that watch
+            watched.skew_watch.listeners.append(
+                lambda op, _skew_s: self._extra(skew.get(op) or meter.counter(CLOCK_SKEW, _OP[op]))
+            )
 
     def __repr__(self) -> str:
         return f"MeteredCheckpointer({self._inner!r}, meter={self._meter!r})"

@@ -15,6 +15,7 @@ import attrs
 
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
+from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, MAX_MAX_JSON_SIZE
 
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -96,6 +97,9 @@ class PostgresCheckpointerConfig:
         create: create the schema and its tables when it holds no store yet (default). False: such a schema is
             refused with a ProcessingError and nothing is created, as a read-only tool wants (a store already
             there is still migrated to this version).
+        max_json_size: the longest JSON text, in characters, of one record a commit stores (a checkpoint with
+            its state, a pending write, an event, an effect record); default 16 MiB, at most 128 MiB. A longer
+            one is a ``ValidationError`` before anything is sent (README "Limits").
 
     Raises:
         ValidationError: a field out of range, naming it (``config.schema``, ``config.max_size``…).
@@ -113,6 +117,10 @@ class PostgresCheckpointerConfig:
         validator=_check_bounded("config.call_timeout", MIN_CALL_TIMEOUT, MAX_CALL_TIMEOUT),
     )
     create: bool = attrs.field(default=True, validator=lambda _i, _a, value: _check_flag("config.create", value))
+    max_json_size: int = attrs.field(
+        default=DEFAULT_MAX_JSON_SIZE,
+        validator=lambda _i, _a, value: v.check_int("config.max_json_size", value, low=1, high=MAX_MAX_JSON_SIZE),
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.max_size < self.min_size:

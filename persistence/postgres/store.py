@@ -151,7 +151,7 @@ class PostgresCheckpointer(StoreBase):
 
     def __init__(self, db: Database, *, target: str) -> None:
         """Internal: use :meth:`open` or :meth:`create`."""
-        super().__init__()
+        super().__init__(max_json_size=db.config.max_json_size)
         from psycopg.types.json import Jsonb
 
         self._db = db
@@ -388,7 +388,7 @@ class PostgresCheckpointer(StoreBase):
             ),
             write=True,
         )
-        first_seq, current, fence_current, base, duplicate, latest = rows[0]
+        first_seq, current, fence_current, _base, duplicate, latest = rows[0]
         if first_seq is not None:
             return [event.record(first_seq + index) for index, event in enumerate(encoded.events)]
         rules.check_commit(
@@ -398,7 +398,6 @@ class PostgresCheckpointer(StoreBase):
             fence=encoded.fence,
             fence_current=lambda _other: fence_current,
             checkpoint=None if cp is None else (cp.id, cp.parent),
-            base=lambda: base,
             contains=lambda _id: bool(duplicate),
             latest_id=lambda: latest,
             pending_targets=encoded.pending_targets,

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import ProcessingError, StoreUnavailable
 from threadloom.persistence.clock import read_clock
-from threadloom.persistence.sqlite.errors import lock_timeout, map_error
+from threadloom.persistence.sqlite.errors import lock_timeout, map_error, not_applied
 from threadloom.persistence.sqlite.readonly import Access
 from threadloom.persistence.sqlite.readonly import connect as connect_read_only
 
@@ -417,6 +417,8 @@ class Database:
                 else:
                     conn.execute("ROLLBACK")
             except sqlite3.Error as error:
+                if committing and not_applied(conn, error):
+                    committing = False  # the COMMIT failed and SQLite says the transaction did not land
                 # A connection that raised a driver error is closed, never pooled again.
                 self._rollback(conn)
                 self._give(conn, False)

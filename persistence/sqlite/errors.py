@@ -6,6 +6,7 @@ https://sqlite.org/rescode.html), never by message text:
 ============================================  =======================  =========
 condition                                     error                    retryable
 ============================================  =======================  =========
+the ``COMMIT`` failed, SQLite says unapplied  ``StoreUnavailable``     yes
 the ``COMMIT`` statement itself failed        ``OutcomeUnknown``       yes (fenced)
 the store was closed while the call ran       ``StoreClosed``          no
 busy or locked past ``busy_timeout``          ``StoreUnavailable``     yes
@@ -18,9 +19,12 @@ anything else (interrupted, a constraint...)  ``ProcessingError``      no
 ============================================  =======================  =========
 
 Every write runs in one transaction that ends with ``COMMIT``; a failure before it rolled the whole transaction
-back, so only a failure of the ``COMMIT`` itself can leave the outcome unknown. Each message names the file and the
-thread (or "the store") and says what to do; for a directory that cannot be written, that a read-only open reads
-the store there.
+back, so only a failure of the ``COMMIT`` itself can leave the outcome unknown - and not every one: when the
+transaction is still open after the failed ``COMMIT`` (``SQLITE_BUSY``: the rollback that follows discards it), or
+the failure is ``SQLITE_FULL`` (the log frames could not be written, so no commit record is on disk), the write
+did not apply (:func:`not_applied`). An I/O error while syncing may come after the commit record was written,
+so it stays ``OutcomeUnknown``. Each message names the file and the thread (or "the store") and says what to do;
+for a directory that cannot be written, that a read-only open reads the store there.
 """
 
 from __future__ import annotations
@@ -100,6 +104,20 @@ def is_busy(error: BaseException) -> bool:
     return primary_code(error) in (SQLITE_BUSY, SQLITE_LOCKED)
 
 
+def not_applied(conn: sqlite3.Connection, error: BaseException) -> bool:
+    """Whether a failed ``COMMIT`` on ``conn`` certainly did not apply (see the module docstring).
+
+    Call it right after the failure, before rolling back: the transaction still open (SQLite kept it, as for a
+    busy file, and the caller's rollback will discard it), or ``SQLITE_FULL`` (SQLite rolled back a commit whose
+    log frames it could not write).
+    """
+    try:
+        still_open = conn.in_transaction
+    except sqlite3.Error:  # a closed or broken connection: nothing known
+        return False
+    return still_open or primary_code(error) == SQLITE_FULL
+
+
 def _where(thread_id: str | None) -> str:
     return f"thread {thread_id!r}" if thread_id is not None else "the store"
 
@@ -161,4 +179,4 @@ def lock_timeout(operation: str, thread_id: str | None, path: str, busy_s: float
     )
 
 
-__all__ = ["is_busy", "lock_timeout", "map_error", "primary_code"]
+__all__ = ["is_busy", "lock_timeout", "map_error", "not_applied", "primary_code"]

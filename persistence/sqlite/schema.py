@@ -95,6 +95,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 2: the durable run queue: tables run_queue and run_queue_runs, see
     # :mod:`threadloom.persistence.sqlite.queue` for the columns and the call each index answers.
     QUEUE_MIGRATION,
+    # 3: when the claim was last granted or renewed, by the clock of the process that did it: another process
+    # reading it in its own future finds a skewed clock (persistence/sqlite/skew.py).
+    ("ALTER TABLE threads ADD COLUMN claim_stamped INTEGER",),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
@@ -104,17 +107,20 @@ SCHEMA_VERSION = len(MIGRATIONS)
 # -- statements, by the operation that runs them -----------------------------------------------------------------
 
 TOKEN = "UPDATE store SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token, mark"
-CLAIM_READ = "SELECT claim_holder, claim_token, claim_expires, claim_tenant, latest_id FROM threads WHERE thread_id = ?"
+CLAIM_READ = (
+    "SELECT claim_holder, claim_token, claim_expires, claim_tenant, latest_id, claim_stamped, updated_at,"
+    " latest_run_id FROM threads WHERE thread_id = ?"
+)
 CLAIM_WRITE = (
     "INSERT INTO threads (thread_id, claim_holder, claim_token, claim_expires, claim_tenant,"
-    " first_seq, next_seq, floor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " first_seq, next_seq, floor, claim_stamped) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (thread_id) DO UPDATE SET claim_holder = excluded.claim_holder,"
     " claim_token = excluded.claim_token, claim_expires = excluded.claim_expires,"
-    " claim_tenant = excluded.claim_tenant"
+    " claim_tenant = excluded.claim_tenant, claim_stamped = excluded.claim_stamped"
 )
 TOKEN_OF = "SELECT claim_token FROM threads WHERE thread_id = ?"
 RENEW_READ = "SELECT claim_holder, claim_token, claim_tenant FROM threads WHERE thread_id = ?"
-RENEW = "UPDATE threads SET claim_expires = ? WHERE thread_id = ?"
+RENEW = "UPDATE threads SET claim_expires = ?, claim_stamped = ? WHERE thread_id = ?"
 RELEASE_READ = (
     "SELECT claim_token, latest_id, n_pending, metadata, deleted_at, first_seq, next_seq FROM threads"
     " WHERE thread_id = ?"

@@ -54,7 +54,7 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
-from threadloom.persistence.base import StoreBase, ask_guard
+from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_guard, check_max_json_size
 from threadloom.persistence.check import CheckReport
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
@@ -69,6 +69,7 @@ from threadloom.persistence.sqlite.connection import (
 )
 from threadloom.persistence.sqlite.queue import SqliteRunQueue
 from threadloom.persistence.sqlite.schema import JOURNAL_MODE, MIGRATIONS, SCHEMA_VERSION
+from threadloom.persistence.sqlite.skew import DEFAULT_SKEW_TOLERANCE, SkewWatch
 
 _Row = tuple[Any, ...]
 _NO_THREAD: _Row = (None,) * 14  # COMMIT_READ's columns of a thread the file does not hold
@@ -124,11 +125,18 @@ class SqliteCheckpointer(StoreBase):
     ``OutcomeUnknown`` (read the thread, or retry: fencing refuses a write twice).
     """
 
-    def __init__(self, database: Database, opening: object) -> None:
+    def __init__(
+        self,
+        database: Database,
+        opening: object,
+        max_json_size: int = DEFAULT_MAX_JSON_SIZE,
+        clock_skew_tolerance: timedelta = DEFAULT_SKEW_TOLERANCE,
+    ) -> None:
         if opening is not _OPENING:
             raise TypeError("build a SqliteCheckpointer with SqliteCheckpointer.open(path, ...)")
-        super().__init__()
+        super().__init__(max_json_size=max_json_size)
         self._db = database
+        self._skew = SkewWatch(database.path, clock_skew_tolerance)
         self.queue = SqliteRunQueue(database)
         """The store's run queue, in the same file: its open entries' runs survive retention."""
 
@@ -141,6 +149,8 @@ class SqliteCheckpointer(StoreBase):
         *,
         synchronous: str = SYNCHRONOUS,
         read_only: bool = False,
+        max_json_size: int = DEFAULT_MAX_JSON_SIZE,
+        clock_skew_tolerance: timedelta = DEFAULT_SKEW_TOLERANCE,
     ) -> SqliteCheckpointer:
         """Opens (creating and migrating as needed) the store in the SQLite file at ``path``.
 
@@ -151,7 +161,8 @@ class SqliteCheckpointer(StoreBase):
             path: the database file (str or path-like); its directory must exist. Relative paths are resolved
                 against the working directory now.
             clock: the store's clock (default :class:`SystemClock`); it decides claim expiry, ``updated_at``,
-                tombstone and retention age. Every store over one file should read the same time.
+                tombstone and retention age. Every store over one file must read the same time: a process whose
+                clock runs ahead takes over live claims and prunes what is not yet old (README "Limits").
             busy_timeout: how long a call waits for another writer (thread or process) to release the file
                 before it fails with ``StoreUnavailable`` (> 0).
             synchronous: ``PRAGMA synchronous`` of the connections, one of ``OFF``, ``NORMAL``, ``FULL``,
@@ -161,6 +172,12 @@ class SqliteCheckpointer(StoreBase):
                 version; no file is created or changed, the journal mode is left alone, and every write method
                 raises ``ProcessingError`` before touching the file. Works on a store owned by another user or in a
                 directory the caller cannot write.
+            max_json_size: the longest JSON text, in characters, of one record a commit stores (a checkpoint
+                with its state, a pending write, an event, an effect record); default 16 MiB, at most 128 MiB.
+                A longer one is a ``ValidationError`` before the file is touched (README "Limits").
+            clock_skew_tolerance: how far in this store's future (> 0) a claim or commit another process stamped
+                may lie before the store logs ``clock.skew_detected`` naming the holder that stamped it (once
+                per holder a minute) and a metered store counts it; default 5 s.
 
         Returns:
             The open store; close it with :meth:`close` (or use it as a context manager).
@@ -185,12 +202,19 @@ class SqliteCheckpointer(StoreBase):
             raise ValidationError("synchronous", (f"must be one of {sorted(SYNCHRONOUS_MODES)}, got {synchronous!r}",))
         if not isinstance(read_only, bool):
             raise ValidationError("read_only", (f"must be a bool, got {type(read_only).__name__}",))
+        check_max_json_size(max_json_size)
+        v.check_positive_duration("clock_skew_tolerance", clock_skew_tolerance)
         busy_s = busy_timeout.total_seconds()
         if read_only:
             access = readonly.probe(absolute, busy_s, SCHEMA_VERSION)
-            return cls(Database(absolute, clock, busy_s, synchronous.upper(), read_only=access), _OPENING)
+            return cls(
+                Database(absolute, clock, busy_s, synchronous.upper(), read_only=access),
+                _OPENING,
+                max_json_size,
+                clock_skew_tolerance,
+            )
         database = Database(absolute, clock, busy_s, synchronous.upper())
-        store = cls(database, _OPENING)
+        store = cls(database, _OPENING, max_json_size, clock_skew_tolerance)
         try:
             database.setup(
                 lambda conn: sql.migrate(
@@ -201,6 +225,12 @@ class SqliteCheckpointer(StoreBase):
             store.close()
             raise
         return store
+
+    @property
+    def skew_watch(self) -> SkewWatch:
+        """What finds stamps of other processes in this one's future; add a listener ``(op, skew_s)`` to its
+        ``listeners`` to count them (a :class:`~threadloom.persistence.metrics.MeteredCheckpointer` does)."""
+        return self._skew
 
     @property
     def path(self) -> str:
@@ -275,10 +305,14 @@ class SqliteCheckpointer(StoreBase):
 
     def _claim_work(self, conn: sqlite3.Connection, thread_id: str, request: ClaimRequest) -> RunClaim:
         now = self._db.now()
+        now_us = to_micros(now)
         row = conn.execute(sql.CLAIM_READ, (thread_id,)).fetchone()
         old_holder = old_tenant = None
+        if row is not None:
+            self._skew.saw("claim", thread_id, row[7], row[6], now_us)
         if row is not None and row[1] is not None:
-            old_holder, _token, expires, old_tenant, latest_id = row
+            old_holder, _token, expires, old_tenant, latest_id, stamped, _updated, _run = row
+            self._skew.saw("claim", thread_id, old_holder, stamped, now_us)
             if rules.claim_is_live(from_micros(expires), now):
                 raise ThreadBusy(thread_id, latest_id, rules.busy_holder(old_holder, old_tenant, request.tenant_id))
         expires_at = _expiry("request.ttl", now, request.ttl)
@@ -286,7 +320,7 @@ class SqliteCheckpointer(StoreBase):
         start = max(1, mark)
         conn.execute(
             sql.CLAIM_WRITE,
-            (thread_id, request.holder, token, to_micros(expires_at), request.tenant_id, start, start, start),
+            (thread_id, request.holder, token, to_micros(expires_at), request.tenant_id, start, start, start, now_us),
         )
         return RunClaim(
             thread_id=thread_id,
@@ -303,8 +337,9 @@ class SqliteCheckpointer(StoreBase):
     def _renew_work(self, conn: sqlite3.Connection, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
         row = conn.execute(sql.RENEW_READ, (thread_id,)).fetchone()
         rules.check_token(thread_id, token, row[1] if row is not None else None)
-        expires_at = _expiry("ttl", self._db.now(), ttl)
-        conn.execute(sql.RENEW, (to_micros(expires_at), thread_id))
+        now = self._db.now()
+        expires_at = _expiry("ttl", now, ttl)
+        conn.execute(sql.RENEW, (to_micros(expires_at), to_micros(now), thread_id))
         return RunClaim(thread_id=thread_id, holder=row[0], token=token, expires_at=expires_at, tenant_id=row[2])
 
     def _release(self, thread_id: str, token: int) -> None:
@@ -346,16 +381,11 @@ class SqliteCheckpointer(StoreBase):
         now_us: int | None = None
         inserted = False
 
-        def base() -> str | None:
-            nonlocal keep
-            if not commit.retract_turn:
-                return latest_id
-            settled = conn.execute(sql.NEWEST_SETTLED, (thread_id,)).fetchone()
-            keep, base_id = settled if settled is not None else (0, None)
-            return base_id
-
         def contains(checkpoint_id: str) -> bool:
-            nonlocal now_us, inserted
+            nonlocal keep, now_us, inserted
+            if commit.retract_turn:  # the parent named the latest: the cut goes back to the newest settled one
+                settled = conn.execute(sql.NEWEST_SETTLED, (thread_id,)).fetchone()
+                keep = settled[0] if settled is not None else 0
             if keep < top:  # a retract turn: the history still holds what it cuts, the insert comes after the cut
                 return conn.execute(sql.HAS_CHECKPOINT, (thread_id, checkpoint_id)).fetchone() is not None
             # The insert answers: it writes nothing when the history holds the id. A later check's refusal rolls
@@ -371,7 +401,6 @@ class SqliteCheckpointer(StoreBase):
             fence=commit.fence,
             fence_current=lambda other: _token_of(conn, other),
             checkpoint=None if cp is None else (cp.id, cp.parent),
-            base=base,
             contains=contains,
             latest_id=lambda: latest_id,
             pending_targets=commit.pending_targets,
@@ -380,6 +409,7 @@ class SqliteCheckpointer(StoreBase):
         # Every check passed: apply.
         if now_us is None:
             now_us = self._now_us()
+        self._skew.saw("commit", thread_id, latest_run_id, updated_at, now_us)
         writes = commit.pending_writes
         first_pending = n_pending
         if cp is not None:

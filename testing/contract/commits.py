@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +14,7 @@ from threadloom.domain.errors import (
     InvalidCommit,
     StaleClaim,
     ThreadloomError,
+    ValidationError,
 )
 from threadloom.domain.values import (
     Checkpoint,
@@ -23,7 +26,8 @@ from threadloom.domain.values import (
     PendingWrite,
     ThreadQuery,
 )
-from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, Checkpointer
+from threadloom.persistence.encoded import encode_checkpoint, encode_effect, encode_event, encode_pending_write
 from threadloom.testing.contract._support import (
     COMPLETED,
     FAILED,
@@ -297,27 +301,36 @@ class CommitsContract:
         writer.step(
             "c3", status=SUSPENDED, run_id="run-b", pending=[PendingWrite(checkpoint_id="c3", task_id="t", node_id="n")]
         )
-        # The new checkpoint's parent must be the settled one the cut leaves as latest.
-        expect(
-            CheckpointConflict,
-            lambda: writer.commit(checkpoint=writer.checkpoint("c4", parent="c3"), retract_turn=True),
-            thread_id="t",
-            expected="c3",
-            actual="c1",
-        )
+        # The new checkpoint's parent is checked against the latest before the cut, like every commit's.
+        for stale in ("c1", "c2"):
+            stale_cp = writer.checkpoint("c4", parent=stale)
+            expect(
+                CheckpointConflict,
+                functools.partial(writer.commit, checkpoint=stale_cp, retract_turn=True),
+                thread_id="t",
+                expected=stale,
+                actual="c3",
+            )
         assert ids_of(store.history("t", limit=10)) == ["c3", "c2", "c1"]
+        assert [w.task_id for w in present(store.latest("t")).pending_writes] == ["t"]
         w4 = PendingWrite(checkpoint_id="c4", task_id="t4", node_id="n4")
-        records = writer.commit(
-            checkpoint=writer.checkpoint("c4", parent="c1", run_id="run-c"),
+        retracting = Commit(
+            token=writer.token,
+            checkpoint=writer.checkpoint("c4", parent="c3", run_id="run-c"),
             retract_turn=True,
             pending_writes=[w4],
             events=writer.drafts(1),
         )
+        records = store.commit("t", retracting)
         assert seqs(records) == [1]
         assert ids_of(store.history("t", limit=10)) == ["c4", "c1"]
+        assert present(store.checkpoint("t", "c4")).parent == "c3"  # it names what it followed, now cut
         assert store.checkpoint("t", "c2") is None and store.checkpoint("t", "c3") is None
         assert present(store.latest("t")).pending_writes == (w4,)
         assert store.lookup_run("t", ["run-b"]) is None
+        # The same commit again (a retry after OutcomeUnknown) is refused: its parent is no longer the latest.
+        expect(CheckpointConflict, lambda: store.commit("t", retracting), expected="c3", actual="c4")
+        assert ids_of(store.history("t", limit=10)) == ["c4", "c1"]
         # When the latest is settled nothing is cut.
         writer.latest = "c4"
         writer.step("c5", status=FAILED)
@@ -332,12 +345,79 @@ class CommitsContract:
         writer.step("c2", status=SUSPENDED)
         expect(
             CheckpointConflict,
-            lambda: writer.commit(checkpoint=writer.checkpoint("c3", parent="c2"), retract_turn=True),
-            expected="c2",
-            actual=None,
+            lambda: writer.commit(checkpoint=writer.checkpoint("c3", parent=None), retract_turn=True),
+            expected=None,
+            actual="c2",
         )
-        writer.commit(checkpoint=writer.checkpoint("c3", parent=None), retract_turn=True)
+        # A checkpoint id the cut would remove is still in the history when the commit is checked.
+        expect(
+            InvalidCommit,
+            lambda: writer.commit(checkpoint=writer.checkpoint("c1", parent="c2"), retract_turn=True),
+            thread_id="t",
+        )
+        assert ids_of(store.history("t", limit=10)) == ["c2", "c1"]
+        writer.commit(checkpoint=writer.checkpoint("c3", parent="c2"), retract_turn=True)
         assert ids_of(store.history("t", limit=10)) == ["c3"]
+
+    def test_a_record_over_the_size_limit_is_refused_naming_the_part_and_nothing_is_written(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        """Harnesses open their stores with the default ``max_json_size`` (16 MiB characters per record)."""
+        limit = DEFAULT_MAX_JSON_SIZE
+        writer = Writer(store, harness, "t")
+        writer.step("c1", events=1)
+        before = snapshot(store, ["t"])
+        now = harness.clock.now()
+
+        def padded(build: Callable[[str], Any], length: Callable[[Any], int], size: int) -> Any:
+            bare = length(build(""))
+            return build("a" * (size - bare))
+
+        def cp_of(pad: str) -> Checkpoint:
+            return writer.checkpoint("c2", state={"x": pad})
+
+        def pw_of(pad: str) -> PendingWrite:
+            return PendingWrite(checkpoint_id="c1", task_id="task", node_id="n", payload=[pad])
+
+        def ev_of(pad: str) -> EventDraft:
+            return EventDraft(run_id="run-1", type="e", timestamp=now, payload={"p": pad})
+
+        def fx_of(pad: str) -> EffectRecord:
+            return EffectRecord(key="k1", run_id="run-1", recorded_at=now, result=pad)
+
+        cp_len = lambda cp: len(encode_checkpoint(cp, writer.token).text)  # noqa: E731
+        ev_len = lambda ev: len(encode_event(ev, "t", writer.token).text(0)) - len('{"seq":0,')  # noqa: E731
+        cases: list[tuple[str, Commit]] = [
+            ("commit.checkpoint.state", Commit(token=writer.token, checkpoint=padded(cp_of, cp_len, limit + 1))),
+            (
+                "commit.pending_writes[1].payload",
+                Commit(
+                    token=writer.token,
+                    pending_writes=[
+                        pw_of(""),
+                        padded(pw_of, lambda pw: len(encode_pending_write(pw).text), limit + 1),
+                    ],
+                ),
+            ),
+            (
+                "commit.events[0].payload",
+                Commit(token=writer.token, events=[padded(ev_of, ev_len, limit + 1)], effects=[fx_of("")]),
+            ),
+            (
+                "commit.effects[0].result",
+                Commit(token=writer.token, effects=[padded(fx_of, lambda fx: len(encode_effect(fx).text), limit + 1)]),
+            ),
+        ]
+        for field, commit in cases:
+            error = expect(ValidationError, functools.partial(store.commit, "t", commit), field=field)
+            assert f"{limit + 1:,} characters" in str(error.problems) and f"{limit:,}" in str(error.problems)
+            assert snapshot(store, ["t"]) == before, field
+        # A record of exactly the limit is written whole.
+        at_limit = padded(cp_of, cp_len, limit)
+        writer.commit(checkpoint=at_limit, events=[padded(ev_of, ev_len, limit)])
+        stored = present(store.latest("t")).checkpoint
+        assert stored.id == "c2" and stored.state == at_limit.state
+        assert [len(e.payload["p"]) for e in store.events_after("t", 1, 10)] == [limit - ev_len(ev_of(""))]
 
     def test_effects_are_first_wins(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t")

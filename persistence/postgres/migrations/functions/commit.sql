@@ -1,4 +1,5 @@
--- commit (version 4; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
+-- commit (version 5; version 4 checked a retract_turn commit's parent against the newest settled checkpoint
+-- instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
 -- fenced writes never deadlock), reads what the commit checks need, and applies the commit when every check
@@ -8,8 +9,9 @@
 -- Answers: applied, first_seq = the number of the commit's first event (its events take first_seq, +1, ...).
 -- Refused (nothing written): first_seq NULL. Either way the other fields hold what the checks read: current (the
 -- thread's claim token), fence_current (the fence thread's claim token), base (what the checkpoint's parent must
--- name: the latest id, or with p_retract the newest settled one), duplicate (the checkpoint id is already in the
--- history), latest (the latest id, which pending writes name when the commit has no checkpoint).
+-- name: the latest id, with p_retract too: the cut back to the newest settled checkpoint comes after the checks),
+-- duplicate (the checkpoint id is already in the history, before any cut), latest (the latest id, which pending
+-- writes name when the commit has no checkpoint).
 --
 -- Event texts arrive without their number: each is stored as '{{"seq":<n>,' || text, exactly the text the
 -- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
@@ -43,8 +45,8 @@ BEGIN
     base := r.latest_id;
     v_keep := r.latest_pos;
     IF p_cp_id IS NOT NULL THEN
-        IF p_retract THEN  -- no settled checkpoint: both NULL (the whole history goes)
-            SELECT c.pos, c.id INTO v_keep, base FROM {s}.checkpoints c
+        IF p_retract THEN  -- no settled checkpoint: NULL (the whole history goes)
+            SELECT c.pos INTO v_keep FROM {s}.checkpoints c
                 WHERE c.thread_id = p_thread AND c.status IN ('completed', 'failed')
                 ORDER BY c.pos DESC LIMIT 1;
         END IF;
