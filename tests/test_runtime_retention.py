@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from threadloom import (
     CheckpointStatus,
+    ChildRetention,
     ClaimPolicy,
     ClaimRequest,
     Graph,
@@ -26,7 +27,6 @@ from threadloom import (
     ThreadDeleted,
     ValidationError,
 )
-from threadloom.actors.policies import ChildRetention
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.testing.harness import START
 
