@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "RunOutcome": "threadloom.actors.graph",
     "Step": "threadloom.actors.graph",
     "merge_input": "threadloom.actors.graph",
+    "ChildRetention": "threadloom.actors.policies",
     "ClaimPolicy": "threadloom.actors.policies",
     "ServePolicy": "threadloom.actors.policies",
     "SweepSchedule": "threadloom.actors.policies",
@@ -89,7 +90,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names as a type checker sees them
     from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
-    from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+    from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
     from threadloom.actors.runs import RunHandle
     from threadloom.actors.runtime import GraphRuntime
     from threadloom.actors.scheduler import IdFactory, RandomIds, SequentialIds

@@ -4,7 +4,7 @@ Import direction: ``actors`` imports ``domain`` and ``persistence``, never the o
 """
 
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
-from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runs import RunHandle, RunKind
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, SequentialIds, ThreadScheduler
@@ -14,6 +14,7 @@ from threadloom.actors.supervisor import Supervisor
 from threadloom.actors.thread_actor import ThreadActor
 
 __all__ = [
+    "ChildRetention",
     "ClaimPolicy",
     "Graph",
     "GraphRuntime",

@@ -6,9 +6,15 @@ its tenant checked under the claim, and marked with a fenced metadata commit ``{
 deleted, children before their parent, each delete fenced by the root's claim, so a run that took the root over
 meanwhile never finds a child gone. The root goes last. A cascade that stops half-way leaves the root marked and
 its claim released: any runtime finishes it by deleting the root again.
+
+Child retention runs the same cascade on each child it deletes, with an outer ``fence``: the claim of the parent
+whose run ended. Every write of that cascade (the mark, each descendant's delete and the child's own) is then
+fenced by the parent's claim instead of the child's, and the parent's claim is renewed with the cascade's own.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import attrs
 
@@ -18,7 +24,7 @@ from threadloom.actors.logs import log as _log
 from threadloom.actors.runs import RunEnv
 from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
 from threadloom.domain.rules import DELETING_KEY
-from threadloom.domain.values import ClaimRequest, Commit
+from threadloom.domain.values import ClaimRequest, Commit, StoredCheckpoint
 
 
 @attrs.define(eq=False)
@@ -35,13 +41,30 @@ class CascadeDelete:
         env: the runtime's environment.
         thread_id: the root to delete.
         tenant_id: the caller's tenant; the root must be this tenant's.
+        fence: ``(thread_id, token)`` of an outer claim (child retention: the parent's) that fences every
+            write of the cascade, the root's delete included, and is renewed with the cascade's claims. None:
+            the descendants' deletes are fenced by the root's claim, the root's by its own.
+        run_id: the holder of the cascade's claims (default: a new RunId).
+        only_if: checked under the root's claim with its latest checkpoint; False releases the root and
+            deletes nothing (``run`` returns ``[]``).
     """
 
-    def __init__(self, env: RunEnv, thread_id: str, tenant_id: str | None) -> None:
+    def __init__(
+        self,
+        env: RunEnv,
+        thread_id: str,
+        tenant_id: str | None,
+        *,
+        fence: tuple[str, int] | None = None,
+        run_id: str | None = None,
+        only_if: Callable[[StoredCheckpoint | None], bool] | None = None,
+    ) -> None:
         self.env = env
         self.root = thread_id
         self.tenant_id = tenant_id
-        self.run_id = env.ids.run_id(env.node_id)
+        self.outer = fence
+        self.only_if = only_if
+        self.run_id = run_id if run_id is not None else env.ids.run_id(env.node_id)
         self.deleted: list[str] = []
         self._held: list[_Held] = []
         self._renewed_at = env.clock.now()
@@ -79,6 +102,8 @@ class CascadeDelete:
             return
         for held in self._held:
             self.env.store.renew(held.thread_id, held.token, self.env.claim_policy.ttl)
+        if self.outer is not None:
+            self.env.store.renew(self.outer[0], self.outer[1], self.env.claim_policy.ttl)
         self._renewed_at = now
 
     def _delete(self, held: _Held, fence: tuple[str, int] | None) -> None:
@@ -105,7 +130,8 @@ class CascadeDelete:
             ThreadBusy: the root or a descendant is held by a live claim (the holder named to the same tenant);
                 what was deleted stays deleted, the root stays marked.
             TenantMismatch: the root is another tenant's; nothing changed.
-            StaleClaim: the root's claim was taken over during the cascade; the rest is left to its new holder.
+            StaleClaim: the root's claim (or the outer ``fence``'s) was taken over during the cascade; the rest is
+                left to its new holder.
             ProcessingError: the store failed. Deleting again finishes the cascade (once the store is repaired,
                 for ``StoreCorrupt``; with an open store, for ``StoreClosed``).
         """
@@ -115,9 +141,12 @@ class CascadeDelete:
             latest = store.latest(self.root)
             if latest is not None and latest.checkpoint.tenant_id != self.tenant_id:
                 raise TenantMismatch(self.root, self.tenant_id)
-            store.commit(self.root, Commit(token=root.token, metadata={DELETING_KEY: "true"}))
+            if self.only_if is not None and not self.only_if(latest):
+                self._release_all()
+                return []
+            store.commit(self.root, Commit(token=root.token, metadata={DELETING_KEY: "true"}, fence=self.outer))
             self._log.info("commit.applied", op="commit", token=root.token, metadata=DELETING_KEY)
-            fence = (self.root, root.token)
+            fence = self.outer if self.outer is not None else (self.root, root.token)
             stack: list[_Held] = [root]
             while stack:
                 self._keep_alive()
@@ -133,7 +162,7 @@ class CascadeDelete:
                 stack.pop()
                 if top is not root:
                     self._delete(top, fence)
-            self._delete(root, None)
+            self._delete(root, self.outer)
         except ThreadloomError as error:
             (self._log.error if is_fatal(error, store) else self._log.warning)(
                 "delete.stopped",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from threadloom.actors.policies import ChildRetention
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft
@@ -159,9 +160,13 @@ class Graph:
             (default :func:`merge_input`); ``state`` is None for a new thread. It runs on copies, before anything
             is committed: an exception it raises refuses the run with a ValidationError on ``input``.
         max_steps: a run that executes more nodes than this fails (default None: no limit).
+        child_retention: which children of a thread to keep when a run of this graph on it ends
+            ``COMPLETED`` or ``SUSPENDED`` (default None: every child is kept until it is deleted). See
+            :class:`~threadloom.actors.policies.ChildRetention` and the README's "Child retention".
 
     Raises:
-        ValidationError: a bad id, no nodes, a node that is not callable, ``entry`` not a node.
+        ValidationError: a bad id, no nodes, a node that is not callable, ``entry`` not a node, a
+            ``child_retention`` that is not a ChildRetention.
     """
 
     def __init__(
@@ -172,6 +177,7 @@ class Graph:
         entry: str,
         merge: Callable[[Any, Any], Any] = merge_input,
         max_steps: int | None = None,
+        child_retention: ChildRetention | None = None,
     ) -> None:
         self.graph_id = v.check_id("graph_id", graph_id)
         if not isinstance(nodes, Mapping) or not nodes:
@@ -190,6 +196,11 @@ class Graph:
         if max_steps is not None:
             v.check_int("max_steps", max_steps, low=1)
         self.max_steps = max_steps
+        if child_retention is not None and not isinstance(child_retention, ChildRetention):
+            raise ValidationError(
+                "child_retention", (f"must be a ChildRetention, got {type(child_retention).__name__}",)
+            )
+        self.child_retention = child_retention
 
     def __repr__(self) -> str:
         return f"Graph({self.graph_id!r}, nodes={sorted(self.nodes)}, entry={self.entry!r})"

@@ -1,4 +1,4 @@
-"""The runtime's policies: claims, subscription watches, the queue worker and the sweep schedule.
+"""The runtime's policies: claims, subscription watches, the queue worker, the sweep schedule and child retention.
 
 Frozen attrs values that validate on construction (``ValidationError`` naming the field). Durations are
 ``timedelta``; every time they measure is read from the runtime's ``Clock`` (the store's clock decides expiry).
@@ -107,3 +107,29 @@ class SweepSchedule:
 
     policy: SweepPolicy = attrs.field(validator=attrs.validators.instance_of(SweepPolicy))
     every: timedelta = attrs.field(default=timedelta(minutes=5), validator=_positive("sweep.every"))
+
+
+@attrs.frozen(kw_only=True)
+class ChildRetention:
+    """Which children of a thread the runtime keeps when a run of the thread ends (a graph's ``child_retention``).
+
+    When a run of a graph with a child retention ends ``COMPLETED`` or ``SUSPENDED``, the runtime, still holding
+    the parent thread's claim, pages through the parent's children (oldest first: the order their first commits
+    landed) and deletes every child older than the newest ``keep`` whose latest checkpoint is settled
+    (``COMPLETED`` or ``FAILED``), together with that child's own descendants. Each delete is fenced by the
+    parent's claim: a run that lost the parent (its claim expired and another run took it over) deletes nothing
+    more, so the successor never finds a child it may take up gone. A child that is incomplete (``RUNNING``) or
+    ``SUSPENDED``, or that a live run holds, is kept and looked at again when the next run of the parent ends.
+    Deleted children leave tombstones, as every delete does (a sweep with a ``tombstone_age`` reclaims them).
+
+    The count is the only measure: the store keeps no commit time of a child that the runtime can read, so age
+    is not offered here (prune histories by age with a ``RetentionPolicy`` sweep).
+
+    Attributes:
+        keep: how many of the newest children are kept whatever their status (an int >= 0; 0 keeps none).
+
+    Raises:
+        ValidationError: ``keep`` is not an int >= 0 (field ``child_retention.keep``).
+    """
+
+    keep: int = attrs.field(validator=lambda _i, _a, value: v.check_int("child_retention.keep", value, low=0))

@@ -39,6 +39,7 @@ from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
+from threadloom.actors.retention import retain_children
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
 from threadloom.actors.scheduler import Cancellable
 from threadloom.domain.errors import (
@@ -645,7 +646,9 @@ class ThreadRun:
     def _finish_ok(self, status: CheckpointStatus) -> None:
         self.finished = True
         self._stop_timer()
-        self._release()
+        self._retain_children()
+        if self.lost is None:  # retention can find the claim lost: then there is nothing to release
+            self._release()
         assert self.base is not None
         outcome = RunOutcome(
             thread_id=self.spec.thread_id,
@@ -667,6 +670,45 @@ class ThreadRun:
         )
         _set(self.handle._done, outcome)
         self._ended(self)
+
+    def _retain_children(self) -> None:
+        """Applies the graph's child retention under the run's claim, before it is released.
+
+        It never changes how the run ended: a failure (the parent's claim lost, the store failing) is logged as
+        ``retention.stopped`` and the rest is left to the next run's end.
+        """
+        policy = self.spec.graph.child_retention
+        if policy is None or self.token is None:
+            return
+        started = self.env.clock.now()
+        try:
+            deleted = retain_children(
+                self.env,
+                policy,
+                parent=self.spec.thread_id,
+                token=self.token,
+                run_id=self.spec.run_id,
+                tenant_id=self.spec.tenant_id,
+                log=self._log,
+            )
+        except Exception as error:  # noqa: BLE001 - the run's outcome is committed: report, never fail it
+            if self._own_claim_lost(error):
+                assert isinstance(error, StaleClaim)
+                self._note_lost(error, "retention")
+            self._log.warning(
+                "retention.stopped",
+                op="delete_thread",
+                token=self.token,
+                error=_describe(error),
+                error_kind=error_kind(error),
+                duration_ms=self._ms(started),
+            )
+            return
+        if deleted:
+            self._log.info(
+                "retention.applied", op="delete_thread", token=self.token, deleted=len(deleted),
+                duration_ms=self._ms(started),
+            )
 
     def _reported(self, error: BaseException) -> BaseException:
         """The error the handle raises: a failure of a store closed under the run says so (``StoreClosed``)."""

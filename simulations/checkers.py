@@ -14,6 +14,9 @@ record of each thread:
   it again: counted in the ``effect_rerun_uncommitted`` probe);
 * **retention** never removes a thread's latest checkpoint, nor the newest checkpoint of a run its guard or an
   open queue entry protects;
+* **children**: a child thread is deleted only by the holder of its parent's live claim (a cascade from the root,
+  or the child retention of the run that holds the parent), never while another run holds the parent and may
+  take the child up again;
 * **subscriptions** deliver each event once, in order, skipping none;
 * **liveness** (checked by the runner once faults heal): every queued run finishes.
 
@@ -59,6 +62,7 @@ class _Thread:
         "last_seq",
         "latest",
         "max_token",
+        "parent",
         "release_tried",
         "released",
         "run_newest",
@@ -83,6 +87,7 @@ class _Thread:
         self.seq_incarnation: dict[int, int] = {}  # every number ever applied -> the incarnation it numbered
         self.effects: dict[str, str] = {}  # this incarnation's effect records: key -> run_id
         self.latest: str | None = None
+        self.parent: str | None = None  # the parent thread the latest checkpoint's origin names
         self.latest_from = 1  # the first number the commit of the latest checkpoint gave (or would have given)
         self.expect_first: int | None = None  # where the incarnation after a delete must number from
         self.run_newest: dict[str, str] = {}  # run_id -> its newest checkpoint id (this incarnation)
@@ -269,6 +274,7 @@ class Oracle:
             st.latest = cp.id
             st.latest_from = first_seq if first_seq is not None else st.last_seq + 1
             st.run_newest[cp.run_id] = cp.id
+            st.parent = cp.origin.parent_thread if cp.origin is not None else None
             if cp.origin is not None:
                 self.probe("child_checkpoint")
         st.version += 1
@@ -291,17 +297,37 @@ class Oracle:
         except ThreadloomError:
             return
 
-    def _on_delete_thread(self, _store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
+    def _on_delete_thread(self, store: Any, thread_id: str, args: tuple[Any, ...], _result: Any) -> None:
         st = self._thread(thread_id)
         self._fenced(st, thread_id, "delete_thread", args[1])
-        self._check_fence(thread_id, "delete_thread", args[2] if len(args) > 2 else None)
+        fence = args[2] if len(args) > 2 else None
+        self._check_fence(thread_id, "delete_thread", fence)
+        self._check_child_delete(store, thread_id, st, fence)
         if st.incarnation_seq is not None:
             st.expect_first = st.incarnation_seq + 2  # a delete skips one number
-        st.gone, st.latest, st.incarnation_seq = True, None, None
+        st.gone, st.latest, st.incarnation_seq, st.parent = True, None, None, None
         st.incarnation += 1
         st.effects, st.run_newest = {}, {}
         st.version += 1
         self.probe("thread_deleted")
+
+    def _check_child_delete(self, store: Any, thread_id: str, st: _Thread, fence: tuple[str, int] | None) -> None:
+        """A child's delete applies only while no run but the deleter's holds the parent's live claim."""
+        if st.parent is None:
+            return
+        self.probe("child_deleted")
+        if fence is not None and fence[0] == st.parent:
+            self.probe("child_deleted_fenced_by_parent")
+        parent = self.threads.get(st.parent)
+        if parent is None or parent.current is None or parent.released or parent.gone or parent.expires_at is None:
+            return
+        clock = parent.clock if parent.clock is not None else store.store_clock
+        if parent.expires_at > clock.now() and parent.holder != st.holder:
+            self.fail(
+                "no child a live run may take up is deleted",
+                f"{thread_id}: deleted by {st.holder} while {parent.holder} holds its parent {st.parent} "
+                f"(token {parent.current}, live until {parent.expires_at.isoformat()})",
+            )
 
     def _on_compact_events(self, _store: Any, thread_id: str, _args: tuple[Any, ...], _result: Any) -> None:
         self._thread(thread_id).version += 1

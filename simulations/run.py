@@ -3,8 +3,9 @@
 A seed decides everything: how many nodes (runtimes, each a simulated process with its own clock and store
 connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about
 half of the seeds, so rare combinations get seeds of their own), the workload (queued runs with effects and
-child threads, direct starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps), and the
-order of every step. Faults stop at the heal time; the seed then runs until every queued run finished
+child threads, in about half of the seeds under a child retention that deletes a parent's older children; direct
+starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps), and the order of every step.
+Faults stop at the heal time; the seed then runs until every queued run finished
 (liveness) or the deadline passed.
 
 Run from Python with :func:`simulate_seed`, or from the command line with ``threadloom simulate``.
@@ -18,6 +19,7 @@ import hashlib
 import importlib
 import logging
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -30,7 +32,7 @@ import attrs
 import structlog
 
 from threadloom.actors.graph import Graph, NodeContext, Step
-from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
+from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runs import RunHandle
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import SequentialIds
@@ -186,6 +188,7 @@ def _observer(world: World, oracle: Oracle) -> Callable[[Graph], Graph]:
                 entry=target.entry,
                 merge=target.merge,
                 max_steps=target.max_steps,
+                child_retention=target.child_retention,
             )
             seen[id(target)] = (target, observed)
         return seen[id(target)][1]
@@ -214,7 +217,13 @@ def _observer(world: World, oracle: Oracle) -> Callable[[Graph], Graph]:
     return observe
 
 
-def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
+def _builtin_graphs(world: World, keep: int | None) -> tuple[Graph, Graph]:
+    """The job graph (plan -> act -> finish; ``act`` may spawn a child) and the child graph.
+
+    With ``keep`` (child retention on), each job run spawns a child of its own, ``<thread>.c<n>``, and the job
+    graph keeps the newest ``keep`` children of a thread; without it every run of a thread spawns ``<thread>.c``.
+    """
+
     def work(most_ms: int) -> None:
         world.sleep(timedelta(milliseconds=world.rng.randrange(0, most_ms + 1)))
 
@@ -228,7 +237,8 @@ def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
         charged = ctx.effect("charge", lambda: {"charged": state.get("n")})
         work(400)  # reading the tool's answer: a pause here makes the step's commit (with its effect) stale
         if state.get("child"):
-            outcome = ctx.spawn(f"{ctx.thread_id}.c", child, {"n": state.get("n")}).wait()
+            name = f"{ctx.thread_id}.c" if keep is None else f"{ctx.thread_id}.c{state.get('n')}"
+            outcome = ctx.spawn(name, child, {"n": state.get("n")}).wait()
             charged = {**charged, "child": outcome.state.get("done")}
         return Step(state={**state, "charged": charged}, next="finish")
 
@@ -245,7 +255,10 @@ def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
         return {**(state or {}), **(update or {})}
 
     child = Graph(CHILD, {"work": child_work}, entry="work", merge=merge)
-    job = Graph(JOB, {"plan": plan, "act": act, "finish": finish}, entry="plan", merge=merge)
+    retention = ChildRetention(keep=keep) if keep is not None else None
+    job = Graph(
+        JOB, {"plan": plan, "act": act, "finish": finish}, entry="plan", merge=merge, child_retention=retention
+    )
     return job, child
 
 
@@ -274,7 +287,13 @@ class _Seed:
         if "slow" in self.kinds:
             self.faults.slow = rng.choice((0.02, 0.05, 0.1))
             self.faults.slow_for = TTL * rng.choice((0.5, 1, 2))
-        job, child = _builtin_graphs(world)
+        # Child retention (about half of the seeds) is drawn from a generator of its own, so that a seed without
+        # it runs as it did before retention existed; seeds with planted bugs never use it, so each kept planted
+        # seed replays the workload it was found with.
+        own = random.Random(f"child-retention:{seed}")
+        drawn = own.choice((0, 1, 2)) if own.random() < 0.5 else None
+        self.child_keep = drawn if user_graph is None and not config.plant else None
+        job, child = _builtin_graphs(world, self.child_keep)
         observe = _observer(world, self.oracle)
         self.graphs = [observe(user_graph)] if user_graph is not None else [observe(job), observe(child)]
         self.main_graph = self.graphs[0]
@@ -290,6 +309,7 @@ class _Seed:
             f"{seed} store={config.store} nodes={self.node_count} faults={','.join(self.kinds) or 'none'} "
             f"threads={len(self.threads)} retention={self.retention.max_checkpoints} "
             f"sweep_every_ms={self.sweep_every // timedelta(milliseconds=1)}"
+            + (f" child_keep={self.child_keep}" if self.child_keep is not None else "")
             + (f" planted={','.join(sorted(config.plant))}" if config.plant else ""),
         )
 

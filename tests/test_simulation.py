@@ -91,6 +91,7 @@ def test_two_thousand_seeds_pass_with_every_fault_kind():
         "thread_pruned",
         "subscription_event",
         "child_checkpoint",
+        "child_deleted_fenced_by_parent",
         "node_crashed",
         "node_paused",
         "clock_jumped_back",
@@ -380,6 +381,49 @@ def test_the_oracle_flags_a_claim_granted_while_the_previous_one_is_live():
     assert oracle.violation is None
     oracle.note(Store, "claim", "t", ("t", request), result=second)
     assert oracle.violation is not None and oracle.violation.invariant == "at most one live claim"
+
+
+def test_the_oracle_flags_a_child_deleted_while_another_run_holds_its_parent():
+    class Store:
+        class node:  # noqa: N801 - a stand-in for a SimNode
+            name = "n1"
+
+        class store_clock:  # noqa: N801
+            @staticmethod
+            def now():
+                return EPOCH
+
+    from threadloom.domain.values import (
+        Checkpoint,
+        CheckpointOrigin,
+        CheckpointStatus,
+        ClaimRequest,
+        Commit,
+        RunClaim,
+    )
+
+    def claim(thread_id: str, holder: str, token: int) -> None:
+        granted = RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=EPOCH + timedelta(seconds=5))
+        oracle.note(Store, "claim", thread_id, (thread_id, ClaimRequest(holder=holder, ttl=timedelta(seconds=5))),
+                    result=granted)
+
+    oracle = Oracle(World(0), inner=None)
+    claim("c", "child-run", 1)
+    child = Checkpoint(
+        id="c1", parent=None, thread_id="c", run_id="child-run", status=CheckpointStatus.COMPLETED,
+        created_at=EPOCH, origin=CheckpointOrigin(parent_thread="p"),
+    )
+    oracle.note(Store, "commit", "c", ("c", Commit(token=1, checkpoint=child)), result=[])
+    oracle.note(Store, "release", "c", ("c", 1), result=None)
+    claim("p", "old-parent-run", 2)
+    claim("c", "old-parent-run", 3)  # the old parent run's retention holds the child ...
+    claim("p", "successor", 4)  # ... while a successor took the parent over (the oracle sees no expiry here)
+    assert oracle.violation is not None  # (two live claims on p: the first invariant says so too)
+    oracle.violation = None
+    oracle.note(Store, "delete_thread", "c", ("c", 3, None), result=None)
+    assert oracle.violation is not None
+    assert oracle.violation.invariant == "no child a live run may take up is deleted"
+    assert "successor holds its parent p" in oracle.violation.detail
 
 
 # -- user graphs ---------------------------------------------------------------------------------------------------------
