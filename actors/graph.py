@@ -366,9 +366,9 @@ class NodeContext:
         deleted.
 
         **What happens.** If the key's effect record exists (a step that ran it committed), its result is
-        returned and ``fn`` is not called. Otherwise an *intent* is recorded first (a commit fenced by the run's
-        claim: a run that lost its thread fails here with ``StaleClaim`` and never calls ``fn``), then ``fn``
-        is called and its result is recorded with the step's commit (first-wins by key).
+        returned and ``fn`` is not called. Otherwise an *intent* is committed first (fenced by the run's claim,
+        before every call: a run whose thread was taken over fails here with ``StaleClaim`` and never calls
+        ``fn``), then ``fn`` is called and its result is recorded with the step's commit (first-wins by key).
 
         **What a crash can repeat.** Execution is at least once, the record is written once: if the process
         dies (or the run loses its claim) after ``fn`` was called and before the step committed, the re-executed
@@ -414,9 +414,7 @@ class NodeContext:
         if recorded is not None:
             return recorded.result
         intent = self._read_effect(keys.intent)
-        if intent is None:
-            self._intend(key, scope, keys)
-        else:
+        if intent is not None:
             _log.warning(
                 "effect.uncertain",
                 thread_id=self.thread_id,
@@ -431,6 +429,9 @@ class NodeContext:
                 raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
             if callable(on_uncertain):
                 call = on_uncertain
+        # Always, even over an earlier intent (first-wins keeps that one): the write is fenced, so a run whose
+        # thread was taken over since it read the records above stops here instead of calling.
+        self._intend(key, scope, keys)
         result = call(keys.idempotency)
         v.check_json(f"effect {key!r} result", result)
         self._effects[keys.record] = EffectRecord(
@@ -444,7 +445,8 @@ class NodeContext:
         return result
 
     def _intend(self, key: str, scope: str, keys: EffectKeys) -> None:
-        """Records the intent to call an effect's function (a fenced commit of its own) before the call."""
+        """Records the intent to call an effect's function (a commit of its own, fenced by the run's claim)
+        before the call; over an existing intent it changes nothing but still checks the claim."""
         if self._record_intent is None:
             return
         self._record_intent(

@@ -409,7 +409,7 @@ class Oracle:
         self.log(who, f"effect {thread_id} {key} ran for {run_id}")
         if key in st.effects:
             self.fail(
-                "effects run at most once",
+                "effects never run again once recorded",
                 f"{thread_id}: effect {key!r} ran again for {run_id} after run {st.effects[key]} recorded it",
             )
         if key + INTENT_SUFFIX not in st.effects:
