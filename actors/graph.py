@@ -367,16 +367,18 @@ class NodeContext:
 
         **What happens.** If the key's effect record exists (a step that ran it committed), its result is
         returned and ``fn`` is not called. Otherwise an *intent* is committed first (fenced by the run's claim,
-        before every call: a run whose thread was taken over fails here with ``StaleClaim`` and never calls
-        ``fn``), then ``fn`` is called and its result is recorded with the step's commit (first-wins by key).
+        before every call: a run whose thread was already taken over fails here with ``StaleClaim`` and does not
+        call ``fn``), then ``fn`` is called and its result is recorded with the step's commit (first-wins by
+        key).
 
         **What a crash can repeat.** Execution is at least once, the record is written once: if the process
-        dies (or the run loses its claim) after ``fn`` was called and before the step committed, the re-executed
-        step finds the intent without a record, and by default calls ``fn`` again. Every execution of one
-        effect gets the same *idempotency key* (see :func:`effect_keys`): ``fn`` receives it when it takes an
-        argument (``fn(idempotency_key)``; ``fn()`` is called without it); hand it to a provider that accepts
-        one (payments, e-mail, most LLM batch APIs) and the effect happens once at the provider. A node that
-        cannot repeat the call chooses with ``on_uncertain``.
+        dies (or the run loses its claim) after the intent and before the step committed, the re-executed step
+        finds the intent without a record, and by default calls ``fn`` again (a run that lost its claim just
+        after its intent may even call ``fn`` after its successor did). Every execution of one effect gets the
+        same *idempotency key* (see :func:`effect_keys`): ``fn`` receives it when it takes an argument
+        (``fn(idempotency_key)``; ``fn()`` is called without it); hand it to a provider that accepts one (many
+        payment, e-mail and LLM batch APIs do) and the effect happens once at the provider. A node that cannot
+        repeat the call chooses with ``on_uncertain``. The README's "Effects" section says the same.
 
         Args:
             key: names the effect within its scope (an id).
