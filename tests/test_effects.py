@@ -224,6 +224,22 @@ def test_a_recovered_run_continues_its_turn_and_reads_that_turns_records(runtime
     assert [name for name, _ in calls.seen] == ["k", "k"]
 
 
+def test_a_resume_begins_a_new_turn(runtime, store):
+    calls = Calls()
+
+    def ask(state, ctx):
+        value = ctx.effect("k", lambda: calls.add("k"))
+        if not state.get("approved"):
+            return Step.suspend("ask", {**state, "asked": value})
+        return Step.end({**state, "value": value, "turn": ctx.turn_id})
+
+    graph = Graph("approval", {"ask": ask}, entry="ask")
+    runtime.start("t1", graph, {}).wait(WAIT)
+    resumed = runtime.resume("t1", graph, {"approved": True})
+    outcome = resumed.wait(WAIT)
+    assert outcome.state == {"approved": True, "asked": 1, "value": 2, "turn": resumed.run_id}
+
+
 def interrupted_after_effect(calls: Calls, stop: threading.Event, on_uncertain="repeat") -> Graph:
     """charge → end. ``charge`` runs its effect, then, the first time, waits for ``stop`` and fails because its
     run was stopped: the step never commits, so the thread holds the effect's intent and no record."""
