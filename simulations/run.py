@@ -243,7 +243,7 @@ def _builtin_graphs(world: World) -> tuple[Graph, Graph]:
 
     def child_work(state: Any, ctx: NodeContext) -> Step:
         work(400)
-        done = ctx.effect("child_charge", lambda: True)
+        done = ctx.effect("child_charge", lambda: True, scope="thread")  # once for every turn of the child
         return Step(state={**state, "done": done})
 
     def merge(state: Any, update: Any) -> Any:
