@@ -27,10 +27,10 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "CancelledError", "CheckpointConflict", "CheckpointNotFound", "InvalidCommit", "InvalidRunState",
-            "OutcomeUnknown", "ProcessingError", "ReplayUnavailable", "RunFailed", "StaleClaim", "StaleLease",
-            "StoreClosed", "StoreCorrupt", "StoreUnavailable", "TenantMismatch", "ThreadBusy", "ThreadDeleted",
-            "ThreadloomError", "ValidationError",
+            "CancelledError", "CheckpointConflict", "CheckpointNotFound", "EffectMayHaveRun", "InvalidCommit",
+            "InvalidRunState", "OutcomeUnknown", "ProcessingError", "ReplayUnavailable", "RunFailed", "StaleClaim",
+            "StaleLease", "StoreClosed", "StoreCorrupt", "StoreUnavailable", "TenantMismatch", "ThreadBusy",
+            "ThreadDeleted", "ThreadloomError", "ValidationError",
         ),
         "threadloom.domain.errors",
     ),
@@ -54,10 +54,12 @@ _EXPORTS: dict[str, str] = {
     "InMemoryMeter": "threadloom.persistence.metrics",
     "MeteredCheckpointer": "threadloom.persistence.metrics",
     # the runtime (actors)
+    "EffectKeys": "threadloom.actors.graph",
     "Graph": "threadloom.actors.graph",
     "NodeContext": "threadloom.actors.graph",
     "RunOutcome": "threadloom.actors.graph",
     "Step": "threadloom.actors.graph",
+    "effect_keys": "threadloom.actors.graph",
     "merge_input": "threadloom.actors.graph",
     "ChildRetention": "threadloom.actors.policies",
     "ClaimPolicy": "threadloom.actors.policies",
@@ -89,7 +91,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the names as a type checker sees them
-    from threadloom.actors.graph import Graph, NodeContext, RunOutcome, Step, merge_input
+    from threadloom.actors.graph import EffectKeys, Graph, NodeContext, RunOutcome, Step, effect_keys, merge_input
     from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
     from threadloom.actors.runs import RunHandle
     from threadloom.actors.runtime import GraphRuntime
@@ -100,6 +102,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         CancelledError,
         CheckpointConflict,
         CheckpointNotFound,
+        EffectMayHaveRun,
         InvalidCommit,
         InvalidRunState,
         OutcomeUnknown,

@@ -29,13 +29,15 @@ def _merged(graph: Graph, state: Any, update: Any) -> Any:
 
 @attrs.define
 class Plan:
-    """How a run begins: its mode, the state and node it starts from, its base checkpoint and its origin."""
+    """How a run begins: its mode, the state and node it starts from, its base checkpoint, its origin and its turn
+    (the RunId of the start or resume that began the turn: this run's own, or for a recovery the base's)."""
 
     mode: str  # "start", "resume" or "recover"
     state: Any
     next_node: str
     base: Checkpoint | None
     origin: CheckpointOrigin | None
+    turn: str
 
 
 def plan(spec: RunSpec, stored: StoredCheckpoint | None) -> Plan:
@@ -70,7 +72,7 @@ def plan(spec: RunSpec, stored: StoredCheckpoint | None) -> Plan:
         if status is CheckpointStatus.SUSPENDED:
             raise InvalidRunState(spec.thread_id, op, "its run is suspended; resume it instead")
         state = _merged(graph, cp.state if cp is not None else None, spec.input)
-        return Plan("start", state, graph.entry, cp, origin)
+        return Plan("start", state, graph.entry, cp, origin, spec.run_id)
     assert cp is not None or status is None
     if kind is RunKind.RESUME and status is not CheckpointStatus.SUSPENDED:
         what = "it has no checkpoint" if cp is None else f"its latest checkpoint is {cp.status.value}"
@@ -85,5 +87,6 @@ def plan(spec: RunSpec, stored: StoredCheckpoint | None) -> Plan:
             spec.thread_id, op, f"its latest checkpoint names no node of graph {graph.graph_id!r} to go on at"
         )
     if kind is RunKind.RESUME:
-        return Plan("resume", _merged(graph, cp.state, spec.input), next_node, cp, origin)
-    return Plan("recover", cp.state, next_node, cp, origin)
+        return Plan("resume", _merged(graph, cp.state, spec.input), next_node, cp, origin, spec.run_id)
+    # A checkpoint written before turns were recorded names none: its run is the best guess of the turn.
+    return Plan("recover", cp.state, next_node, cp, origin, cp.metadata.get(g.TURN_KEY) or cp.run_id)

@@ -7,7 +7,8 @@ effect records of the side effects it ran, all in one fenced commit.
 Example::
 
     def fetch(state, ctx):
-        page = ctx.effect("fetch:1", lambda: http_get(state["url"]))   # runs once, even across takeovers
+        # recorded once per turn; a crash before the step committed may call it again, with the same key
+        page = ctx.effect("fetch", lambda idempotency_key: http_get(state["url"], idempotency_key))
         ctx.emit("fetched", {"size": len(page)})
         return Step.to("summarize", {**state, "page": page})
 
@@ -20,15 +21,19 @@ Example::
 from __future__ import annotations
 
 import copy
+import inspect
+import json
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ChildRetention
 from threadloom.domain import validation as v
-from threadloom.domain.errors import ValidationError
+from threadloom.domain.errors import EffectMayHaveRun, ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft
 
 if TYPE_CHECKING:
@@ -42,6 +47,9 @@ NODE_KEY = "threadloom.node"
 """Checkpoint metadata key: the node whose execution committed the checkpoint ("" for an admission)."""
 ERROR_KEY = "threadloom.error"
 """Checkpoint metadata key of a FAILED checkpoint: the node's error."""
+TURN_KEY = "threadloom.turn"
+"""Checkpoint metadata key: the turn the checkpoint belongs to — the RunId of the ``start`` or ``resume`` that
+began it. A ``recover`` continues the turn of the checkpoint it recovers from (see :meth:`NodeContext.effect`)."""
 
 EVENT_RUN_STARTED = "threadloom.run_started"
 EVENT_RUN_RESUMED = "threadloom.run_resumed"
@@ -64,6 +72,80 @@ END_EVENTS = frozenset({EVENT_RUN_COMPLETED, EVENT_RUN_SUSPENDED, EVENT_RUN_FAIL
 """The run events that end a run's part of the log."""
 RESERVED_EVENT_PREFIX = "threadloom."
 """Event types a node may not use: the runtime's own (``RUN_EVENTS``, and any it adds later)."""
+
+
+EffectScope = Literal["turn", "thread"]
+"""What an effect key names: one effect of one turn (``"turn"``, the default) or of the whole thread."""
+
+_EFFECT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "threadloom:effect")
+INTENT_SUFFIX = "/intent"
+"""The end of an effect's intent record key: its record key with this suffix."""
+
+
+@attrs.frozen
+class EffectKeys:
+    """The keys one effect goes by (see :func:`effect_keys`).
+
+    Attributes:
+        record: the effect record holding its result (``store.effect(thread_id, record)``).
+        intent: the effect record written before ``fn`` is called (its result names the effect).
+        idempotency: the idempotency key ``fn`` receives: a UUID string (36 characters), the same on every
+            execution of this effect, different for every other effect.
+    """
+
+    record: str
+    intent: str
+    idempotency: str
+
+
+def effect_keys(thread_id: str, key: str, *, turn_id: str | None = None) -> EffectKeys:
+    """The keys of effect ``key`` on ``thread_id``: of the turn ``turn_id``, or thread-wide when it is None.
+
+    ``ctx.effect(key, fn)`` uses ``turn_id=ctx.turn_id``; ``ctx.effect(key, fn, scope="thread")`` uses None.
+    The idempotency key is a name-based UUID (version 5) of the thread id, the turn (or none) and the key, so
+    anyone can compute it again: a turn's keys never repeat (a turn is named by a fresh RunId); a thread-wide
+    key repeats for a thread id used again (after a delete, or in another store).
+
+    The record key is ``"<key>@<idempotency>"`` (``key`` cut to fit 255 characters), the intent's
+    ``"<key>@<idempotency>/intent"``.
+
+    Raises:
+        ValidationError: ``thread_id``, ``key`` or ``turn_id`` is not an id.
+    """
+    v.check_id("thread_id", thread_id)
+    v.check_id("key", key)
+    v.check_optional_id("turn_id", turn_id)
+    name = json.dumps(["turn" if turn_id is not None else "thread", thread_id, turn_id or "", key])
+    idempotency = str(uuid.uuid5(_EFFECT_NAMESPACE, name))
+    room = v.MAX_ID_LENGTH - len(idempotency) - 1 - len(INTENT_SUFFIX)
+    record = f"{key[:room]}@{idempotency}"
+    return EffectKeys(record=record, intent=record + INTENT_SUFFIX, idempotency=idempotency)
+
+
+def _effect_call(fn: Any) -> Callable[[str], Any]:
+    """``fn`` as a function of the idempotency key: passed as its one required positional argument, or by
+    keyword to a parameter named ``idempotency_key``; a function of no argument is called without it.
+
+    Raises:
+        ValidationError: ``fn`` is not callable, or needs more than one argument.
+    """
+    if not callable(fn):
+        raise ValidationError("fn", ("must be callable as fn() or fn(idempotency_key)",))
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called as it always was, without a key
+        return lambda _key: fn()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in parameters if p.default is p.empty and p.kind in (*positional, p.KEYWORD_ONLY)]
+    if len(required) == 1 and required[0].kind in positional:
+        return lambda key: fn(key)
+    if len(required) == 1 and required[0].name == "idempotency_key" or not required and any(
+        p.name == "idempotency_key" and p.kind is not p.POSITIONAL_ONLY for p in parameters
+    ):
+        return lambda key: fn(idempotency_key=key)
+    if not required:
+        return lambda _key: fn()
+    raise ValidationError("fn", ("must be callable as fn() or fn(idempotency_key): it needs more arguments",))
 
 
 def _node_event_type(field: str, value: Any) -> str:
@@ -207,12 +289,14 @@ class Graph:
 
 
 class NodeContext:
-    """What a node can do besides returning its step: emit events, run effects once, start child runs.
+    """What a node can do besides returning its step: emit events, run and record effects, start child runs.
 
     A context belongs to one node execution (one superstep); it is used on the thread that runs the node.
 
     Attributes:
         thread_id, run_id, tenant_id: the run's.
+        turn_id: the turn the run belongs to: the RunId of the ``start`` or ``resume`` that began it (a
+            ``recover`` continues the turn of the run it recovers, so this is then an earlier run's id).
         node: the node being executed.
         step: the run's superstep (1 for the first node this run executes).
         checkpoint_id: the id of the checkpoint this step will commit.
@@ -233,9 +317,12 @@ class NodeContext:
         read_effect: Callable[[str], EffectRecord | None],
         start_child: Callable[..., RunHandle],
         token: int | None = None,
+        turn_id: str | None = None,
+        record_intent: Callable[[EffectRecord], None] | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
+        self.turn_id = turn_id if turn_id is not None else run_id
         self.tenant_id = tenant_id
         self.node = node
         self.step = step
@@ -243,6 +330,7 @@ class NodeContext:
         self.parent_checkpoint_id = parent_checkpoint_id
         self._now = now
         self._read_effect = read_effect
+        self._record_intent = record_intent
         self._start_child = start_child
         self._token = token  # the run's claim on this thread: it fences a child's admission
         self._events: list[EventDraft] = []
@@ -272,31 +360,95 @@ class NodeContext:
             )
         )
 
-    def effect(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Runs ``fn()`` once per ``key`` on this thread, across crashes and takeovers.
+    def effect(
+        self,
+        key: str,
+        fn: Callable[[], Any] | Callable[[str], Any],
+        *,
+        scope: EffectScope = "turn",
+        on_uncertain: Literal["repeat", "raise"] | Callable[[str], Any] = "repeat",
+    ) -> Any:
+        """Runs a side effect and records its result once, in this step's fenced commit.
 
-        If the thread holds an effect record under ``key`` (a step that called it committed, in this run or an
-        earlier one), its recorded result is returned and ``fn`` is not called. Otherwise ``fn`` runs and its
-        result is recorded in this step's commit, first-wins by key. ``fn`` runs again only when the step that
-        called it never committed (the process died, or the run lost its claim, before the commit).
+        **What a key names.** By default (``scope="turn"``) one effect of one *turn*: a ``start`` or a
+        ``resume`` begins a new turn, so the same key in the next turn runs ``fn`` afresh; a ``recover`` (or a
+        takeover) continues the turn it recovers, so it finds the records of that turn. ``scope="thread"``
+        names one effect of the whole thread: recorded once, read back by every later turn, until the thread is
+        deleted.
+
+        **What happens.** If the key's effect record exists (a step that ran it committed), its result is
+        returned and ``fn`` is not called. Otherwise an *intent* is committed first (fenced by the run's claim,
+        before every call: a run whose thread was already taken over fails here with ``StaleClaim`` and does not
+        call ``fn``), then ``fn`` is called and its result is recorded with the step's commit (first-wins by
+        key).
+
+        **What a crash can repeat.** Execution is at least once, the record is written once: if the process
+        dies (or the run loses its claim) after the intent and before the step committed, the re-executed step
+        finds the intent without a record, and by default calls ``fn`` again (a run that lost its claim just
+        after its intent may even call ``fn`` after its successor did). Every execution of one effect gets the
+        same *idempotency key* (see :func:`effect_keys`): ``fn`` receives it when it takes an argument
+        (``fn(idempotency_key)``; ``fn()`` is called without it); hand it to a provider that accepts one (many
+        payment, e-mail and LLM batch APIs do) and the effect happens once at the provider. A node that cannot
+        repeat the call chooses with ``on_uncertain``. The README's "Effects" section says the same.
+
+        Args:
+            key: names the effect within its scope (an id).
+            fn: ``fn()`` or ``fn(idempotency_key)``; returns a JSON value. Runs on the node's thread.
+            scope: ``"turn"`` (default) or ``"thread"``.
+            on_uncertain: what to do when an intent was recorded but no result (an earlier execution may have
+                called ``fn``): ``"repeat"`` (default) calls ``fn`` again with the same idempotency key;
+                ``"raise"`` raises :class:`~threadloom.domain.errors.EffectMayHaveRun` instead (the node may
+                catch it, e.g. to suspend for a person to check); a callable ``on_uncertain(idempotency_key)``
+                is called instead of ``fn`` (e.g. to ask the provider what happened) and its JSON result is
+                recorded as the effect's.
 
         Returns:
-            ``fn``'s result (a JSON value), or the recorded one.
+            The effect's result (a JSON value): ``fn``'s, ``on_uncertain``'s, or the recorded one.
 
         Raises:
-            ValidationError: a bad ``key``, or ``fn`` returned something that is not JSON.
-            Whatever ``fn`` raises (nothing is recorded; the node fails unless it catches it).
+            ValidationError: a bad ``key``, ``scope`` or ``on_uncertain``; ``fn`` takes more than one argument;
+                or the result is not JSON (nothing is recorded then; the node fails unless it catches it).
+            EffectMayHaveRun: ``on_uncertain="raise"`` and an earlier execution may have called ``fn``.
+            StaleClaim: the run lost its thread before ``fn`` was called (the node ends without a FAILED
+                checkpoint).
+            ProcessingError: the store failed reading the record or writing the intent (``fn`` was not called;
+                the run ends and the thread stays recoverable).
+            Whatever ``fn`` raises (no result is recorded; the node fails unless it catches it).
         """
-        v.check_id("key", key)
-        if key in self._effects:
-            return copy.deepcopy(self._effects[key].result)
-        recorded = self._read_effect(key)
+        if scope not in ("turn", "thread"):
+            raise ValidationError("scope", (f"must be 'turn' or 'thread', got {scope!r}",))
+        if on_uncertain not in ("repeat", "raise") and not callable(on_uncertain):
+            raise ValidationError("on_uncertain", ("must be 'repeat', 'raise' or a callable of the idempotency key",))
+        keys = effect_keys(self.thread_id, key, turn_id=self.turn_id if scope == "turn" else None)
+        call = _effect_call(fn)
+        if keys.record in self._effects:
+            return copy.deepcopy(self._effects[keys.record].result)
+        recorded = self._read_effect(keys.record)
         if recorded is not None:
             return recorded.result
-        result = fn()
+        intent = self._read_effect(keys.intent)
+        if intent is not None:
+            _log.warning(
+                "effect.uncertain",
+                thread_id=self.thread_id,
+                run_id=self.run_id,
+                graph_node=self.node,
+                key=key,
+                idempotency_key=keys.idempotency,
+                intent_run=intent.run_id,
+                on_uncertain=on_uncertain if isinstance(on_uncertain, str) else "callable",
+            )
+            if on_uncertain == "raise":
+                raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
+            if callable(on_uncertain):
+                call = on_uncertain
+        # Always, even over an earlier intent (first-wins keeps that one): the write is fenced, so a run whose
+        # thread was taken over since it read the records above stops here instead of calling.
+        self._intend(key, scope, keys)
+        result = call(keys.idempotency)
         v.check_json(f"effect {key!r} result", result)
-        self._effects[key] = EffectRecord(
-            key=key,
+        self._effects[keys.record] = EffectRecord(
+            key=keys.record,
             run_id=self.run_id,
             recorded_at=self._now(),
             result=copy.deepcopy(result),
@@ -304,6 +456,27 @@ class NodeContext:
             task_id=self.task_id,
         )
         return result
+
+    def _intend(self, key: str, scope: str, keys: EffectKeys) -> None:
+        """Records the intent to call an effect's function (a commit of its own, fenced by the run's claim)
+        before the call; over an existing intent it changes nothing but still checks the claim."""
+        if self._record_intent is None:
+            return
+        self._record_intent(
+            EffectRecord(
+                key=keys.intent,
+                run_id=self.run_id,
+                recorded_at=self._now(),
+                result={
+                    "key": key,
+                    "scope": scope,
+                    "turn_id": self.turn_id if scope == "turn" else None,
+                    "idempotency_key": keys.idempotency,
+                },
+                checkpoint_id=self.checkpoint_id,
+                task_id=self.task_id,
+            )
+        )
 
     def spawn(self, thread_id: str, graph: Graph, input: Any = None) -> RunHandle:  # noqa: A002
         """Starts a child run of ``graph`` on child thread ``thread_id``, for this run's tenant.

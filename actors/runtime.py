@@ -230,7 +230,8 @@ class GraphRuntime:
         """Starts a run of ``graph`` on ``thread_id`` for ``tenant_id`` and returns once it holds the thread.
 
         A new thread starts at the graph's entry with ``graph.merge(None, input)``; a settled thread (latest
-        COMPLETED or FAILED) starts a new turn from its state. The input is *admitted* by the run's first commit
+        COMPLETED or FAILED) starts a new turn from its state (``ctx.effect`` keys name effects of one turn
+        unless ``scope="thread"``: the new turn runs them afresh). The input is *admitted* by the run's first commit
         (a RUNNING checkpoint at step 0 with the next node in its metadata, and a ``threadloom.run_started``
         event); each node then commits one checkpoint.
 
@@ -264,8 +265,11 @@ class GraphRuntime:
 
         For a thread whose run crashed, was cancelled or whose runtime closed (latest checkpoint RUNNING, no
         live claim): a new run claims it — taking over an expired claim — and goes on from the latest
-        checkpoint's state, without re-running a node that committed. Effects recorded by earlier runs are read,
-        never run again. The run that held the thread before is fenced: its next commit is ``StaleClaim``.
+        checkpoint's state, without re-running a node that committed. The run continues the same turn: effects
+        recorded by earlier runs of the turn are read, never run again; an effect whose intent was committed but
+        not its result (the node that ran it never committed) is handled as ``ctx.effect``'s ``on_uncertain``
+        says (by default called again with the same idempotency key). The run that held the thread before is
+        fenced: its next commit is ``StaleClaim``.
 
         Raises:
             ThreadBusy: a live claim holds the thread (the holder named to the same tenant); of several
@@ -288,6 +292,8 @@ class GraphRuntime:
         """Resumes a SUSPENDED thread with ``input`` at the node its suspending step named.
 
         The state becomes ``graph.merge(state, input)``, admitted by a step-0 checkpoint as :meth:`start` does.
+        A resume begins a new turn, as a start does (effect keys of the suspended turn are not read back unless
+        they were thread-scoped).
 
         Raises:
             InvalidRunState: the latest checkpoint is not SUSPENDED.

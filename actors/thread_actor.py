@@ -57,6 +57,7 @@ from threadloom.domain.values import (
     CheckpointStatus,
     ClaimRequest,
     Commit,
+    EffectRecord,
     EventDraft,
     StoredCheckpoint,
 )
@@ -139,6 +140,7 @@ class ThreadRun:
         self.state: Any = None
         self.next_node: str | None = None
         self.origin: CheckpointOrigin | None = spec.origin
+        self.turn = spec.run_id  # the turn the run belongs to (see admission.Plan.turn)
         self.step = 0
         self.steps_run = 0
         self.in_flight = False
@@ -329,7 +331,7 @@ class ThreadRun:
         node: str,
         extra: dict[str, str] | None = None,
     ) -> Checkpoint:
-        metadata = {g.NEXT_KEY: next_node or "", g.STEP_KEY: str(step), g.NODE_KEY: node}
+        metadata = {g.NEXT_KEY: next_node or "", g.STEP_KEY: str(step), g.NODE_KEY: node, g.TURN_KEY: self.turn}
         metadata.update(extra or {})
         return Checkpoint(
             id=self.env.ids.checkpoint_id(self.spec.run_id, step),
@@ -399,7 +401,7 @@ class ThreadRun:
         self._dispatch()
 
     def _admit(self, plan: Plan) -> None:
-        self.base, self.origin = plan.base, plan.origin
+        self.base, self.origin, self.turn = plan.base, plan.origin, plan.turn
         self.state, self.next_node = plan.state, plan.next_node
         assert self.token is not None
         if plan.mode == "recover":
@@ -441,6 +443,8 @@ class ThreadRun:
                 thread_id, child_graph, child_input, context
             ),
             token=self.token,
+            turn_id=self.turn,
+            record_intent=self._record_intent,
         )
         fn = graph.nodes[node]
         state = copy.deepcopy(self.state)
@@ -462,6 +466,25 @@ class ThreadRun:
 
         self.in_flight = True
         self.env.scheduler.spawn(f"node-{spec.thread_id}", execute)
+
+    def _record_intent(self, record: EffectRecord) -> None:
+        """Commits an effect's intent, fenced by the run's claim. Called on the node's thread, before the
+        effect's function: a run that lost its thread gets ``StaleClaim`` here and never calls it."""
+        assert self.token is not None
+        started = self.env.clock.now()
+        try:
+            self.env.store.commit(self.spec.thread_id, Commit(token=self.token, effects=(record,)))
+        except ThreadloomError as error:
+            self._log.warning(
+                "effect.intent_refused",
+                op="commit",
+                token=self.token,
+                key=record.key,
+                error=_describe(error),
+                duration_ms=self._ms(started),
+            )
+            raise
+        self._log.info("effect.intent", op="commit", token=self.token, key=record.key, duration_ms=self._ms(started))
 
     def node_done(self, message: _NodeDone) -> None:
         """Commits the node's step (or its failure) and goes on, ends, or stops as the run now must."""

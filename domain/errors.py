@@ -281,6 +281,34 @@ class RunFailed(ThreadloomError):
 
 
 @attrs.define(auto_exc=True, str=False)
+class EffectMayHaveRun(ThreadloomError):
+    """``ctx.effect(..., on_uncertain="raise")`` met an effect whose intent was recorded but never its result:
+    an earlier execution of the step may have called the side effect (its process died, or its run lost the
+    thread, before the step committed).
+
+    Attributes:
+        thread_id: the thread.
+        key: the effect's key, as the node passed it.
+        idempotency_key: the key every execution of this effect was (and would be) given.
+        run_id: the run that recorded the intent.
+        recorded_at: when it did, by that run's clock (aware UTC datetime).
+    """
+
+    thread_id: str
+    key: str
+    idempotency_key: str
+    run_id: str
+    recorded_at: Any
+
+    def __str__(self) -> str:
+        return (
+            f"effect {self.key!r} of thread {self.thread_id!r} may have run: run {self.run_id!r} recorded its "
+            f"intent at {self.recorded_at} but never its result; ask the provider about idempotency key "
+            f"{self.idempotency_key!r}, or call again with it (on_uncertain='repeat')"
+        )
+
+
+@attrs.define(auto_exc=True, str=False)
 class StaleLease(ThreadloomError):
     """An attempt that no longer holds its run-queue entry.
 

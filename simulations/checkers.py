@@ -10,8 +10,9 @@ record of each thread:
 * **no stale write applies**: a renew, commit or delete applies only with the thread's current token, and a
   refused commit leaves nothing behind (no checkpoint, no effect record);
 * **gap-free logs**: events are numbered contiguously within an incarnation and no number is ever reused;
-* **effects**: an effect never runs again once its record is committed (a step that never committed may run
-  it again: counted in the ``effect_rerun_uncommitted`` probe);
+* **effects**: an effect's function runs only once its intent is committed, never again once its record is
+  committed (a step that never committed may run it again: counted in the ``effect_rerun_uncommitted`` probe),
+  and every execution of one effect gets the same idempotency key;
 * **retention** never removes a thread's latest checkpoint, nor the newest checkpoint of a run its guard or an
   open queue entry protects;
 * **children**: a child thread is deleted only by the holder of its parent's live claim (a cascade from the root,
@@ -31,6 +32,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+from threadloom.actors.graph import INTENT_SUFFIX
 from threadloom.domain.errors import StaleClaim, ThreadBusy, ThreadloomError
 from threadloom.domain.values import Commit, EventRecord, RunClaim, SweepGuard, SweepPage
 from threadloom.simulations.world import EPOCH, World
@@ -115,6 +117,7 @@ class Oracle:
         self.violation: Violation | None = None
         self.violation_at: int | None = None  # the trace length when it was found
         self.executions: Counter[tuple[str, int, str]] = Counter()
+        self.idempotency: dict[tuple[str, int, str], str] = {}  # an effect's first execution's idempotency key
         self.leases: dict[int, _Lease] = {}
         self.max_token = 0  # the highest token granted on any thread
 
@@ -268,7 +271,7 @@ class Oracle:
                 self.probe("effect_record_kept_first")
             else:
                 st.effects[effect.key] = effect.run_id
-                self.probe("effect_recorded")
+                self.probe("effect_intent_recorded" if effect.key.endswith(INTENT_SUFFIX) else "effect_recorded")
         cp = commit.checkpoint
         if cp is not None:
             st.latest = cp.id
@@ -425,17 +428,27 @@ class Oracle:
 
     # -- effects and subscriptions (reported by the workload) -------------------------------------------------
 
-    def effect_ran(self, who: str, thread_id: str, key: str, run_id: str) -> None:
-        """An effect's function ran: it must not have a committed record on this incarnation of the thread."""
+    def effect_ran(self, who: str, thread_id: str, key: str, run_id: str, idempotency_key: str) -> None:
+        """An effect's function ran (``key`` is its record key): its intent must be committed, its record not,
+        on this incarnation of the thread, and every execution must get the first one's idempotency key."""
         st = self._thread(thread_id)
         self.log(who, f"effect {thread_id} {key} ran for {run_id}")
         if key in st.effects:
             self.fail(
-                "effects run at most once",
+                "effects never run again once recorded",
                 f"{thread_id}: effect {key!r} ran again for {run_id} after run {st.effects[key]} recorded it",
             )
-        self.executions[(thread_id, st.incarnation, key)] += 1
-        if self.executions[(thread_id, st.incarnation, key)] > 1:
+        if key + INTENT_SUFFIX not in st.effects:
+            self.fail("effects run only after their intent", f"{thread_id}: effect {key!r} ran for {run_id}")
+        place = (thread_id, st.incarnation, key)
+        first = self.idempotency.setdefault(place, idempotency_key)
+        if first != idempotency_key:
+            self.fail(
+                "re-executions share one idempotency key",
+                f"{thread_id}: effect {key!r} ran for {run_id} with {idempotency_key!r}, first with {first!r}",
+            )
+        self.executions[place] += 1
+        if self.executions[place] > 1:
             self.probe("effect_rerun_uncommitted")
 
     def delivered(self, who: str, thread_id: str, last: int, event: EventRecord) -> None:

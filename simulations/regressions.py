@@ -79,11 +79,14 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
         "(InvalidRunState). A child's first commit is now fenced by the parent run's claim",
     ),
     RegressionSeed(seed=115796, found="as seed 109639, after a takeover of the parent"),
-    # Planted bugs: each seed is the first that caught its bug (it must keep catching it).
-    RegressionSeed(seed=16, plant=("commit_unfenced",), found="a paused run's late commit applied with a stale token"),
-    RegressionSeed(seed=9, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
-    RegressionSeed(seed=16, plant=("effect_unfenced",), found="a refused commit left its effect record behind"),
-    RegressionSeed(seed=1, plant=("sweep_unguarded",), found="a sweep removed a protected run's newest checkpoint"),
+    # Planted bugs: each seed is the first that caught its bug (it must keep catching it). Chosen again when effect
+    # intents added store calls to every trace.
+    RegressionSeed(seed=35, plant=("commit_unfenced",), found="a late commit applied with a released token"),
+    RegressionSeed(seed=15, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
+    RegressionSeed(
+        seed=47, plant=("effect_unfenced",), found="a refused commit left its effect record (an intent) behind"
+    ),
+    RegressionSeed(seed=4, plant=("sweep_unguarded",), found="a sweep removed a protected run's newest checkpoint"),
     RegressionSeed(
         seed=1, plant=("seq_reuse_after_delete",), found="a re-run after a delete numbered its events from 1 again"
     ),

@@ -31,7 +31,8 @@ from typing import Any
 import attrs
 import structlog
 
-from threadloom.actors.graph import Graph, NodeContext, Step
+from threadloom.actors.graph import Graph, NodeContext, Step, effect_keys
+from threadloom.actors.graph import _effect_call as effect_call
 from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runs import RunHandle
 from threadloom.actors.runtime import GraphRuntime
@@ -197,13 +198,17 @@ def _observer(world: World, oracle: Oracle) -> Callable[[Graph], Graph]:
         def node(state: Any, ctx: NodeContext) -> Step:
             real_effect, real_spawn = ctx.effect, ctx.spawn
 
-            def effect(key: str, fn: Callable[[], Any]) -> Any:
-                def observed() -> Any:
-                    who = world.current.node.name if world.current is not None else "?"
-                    oracle.effect_ran(who, ctx.thread_id, key, ctx.run_id)
-                    return fn()
+            def effect(key: str, fn: Any, **options: Any) -> Any:
+                call = effect_call(fn)  # raises for a bad fn as ctx.effect would, before anything else
 
-                return real_effect(key, observed)
+                def observed(idempotency_key: str) -> Any:
+                    who = world.current.node.name if world.current is not None else "?"
+                    turn = ctx.turn_id if options.get("scope", "turn") == "turn" else None
+                    record = effect_keys(ctx.thread_id, key, turn_id=turn).record
+                    oracle.effect_ran(who, ctx.thread_id, record, ctx.run_id, idempotency_key)
+                    return call(idempotency_key)
+
+                return real_effect(key, observed, **options)
 
             def spawn(thread_id: str, graph: Graph, input: Any = None) -> RunHandle:  # noqa: A002
                 return real_spawn(thread_id, observe(graph) if isinstance(graph, Graph) else graph, input)
@@ -248,7 +253,7 @@ def _builtin_graphs(world: World, keep: int | None) -> tuple[Graph, Graph]:
 
     def child_work(state: Any, ctx: NodeContext) -> Step:
         work(400)
-        done = ctx.effect("child_charge", lambda: True)
+        done = ctx.effect("child_charge", lambda: True, scope="thread")  # once for every turn of the child
         return Step(state={**state, "done": done})
 
     def merge(state: Any, update: Any) -> Any:

@@ -26,18 +26,23 @@ from threadloom import (
     CancelledError,
     CheckpointStatus,
     ClaimPolicy,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
     EntryStatus,
     EventRecord,
     Graph,
     GraphRuntime,
     InMemoryCheckpointer,
     RunQueue,
+    SequentialIds,
     ServePolicy,
     Step,
     ThreadQuery,
     ThreadStatus,
+    effect_keys,
 )
-from threadloom.actors.graph import END_EVENTS, EVENT_RUN_RECOVERED, STEP_KEY
+from threadloom.actors.graph import END_EVENTS, EVENT_RUN_RECOVERED, STEP_KEY, TURN_KEY
 from threadloom.cli.demo.graph import (
     AGENT_GRAPH,
     Ledger,
@@ -59,7 +64,7 @@ from threadloom.cli.output import EXIT_USAGE, STORE_ENV
 
 CHECKS = [
     "every run completed",
-    "each effect executed exactly once",
+    "each effect recorded once; re-executions reused its idempotency key",
     "every event log gap-free",
     "no write with a stale token accepted",
     "tokens strictly increasing",
@@ -168,17 +173,24 @@ def test_a_sigkilled_workers_threads_are_recovered_within_ttl_and_its_effects_ra
             assert ttl.total_seconds() - 1.0 <= after <= ttl.total_seconds() + 2.0, (thread_id, after)
             assert first.token > max(e.token for e in victims)
         assert interrupted >= 1
-        # Effects ran once: one execution per key; a key called again only if the victim's call never committed.
-        executions = {(e.thread_id, e.key): e for e in ledger.executions()}
+        # Effects recorded once: one execution per idempotency key; a key called again (with the same idempotency
+        # key) only if the victim's call never committed.
+        executions = {e.idempotency_key: e for e in ledger.executions()}
+        records: dict[str, str] = {}
         for thread_id in roots:
-            for key in store.latest(thread_id).checkpoint.state["effects"]:
-                record = store.effect(thread_id, key)
-                assert record.result["execution_id"] == executions[(thread_id, key)].execution_id
+            latest = store.latest(thread_id).checkpoint
+            for key in latest.state["effects"]:
+                keys = effect_keys(thread_id, key, turn_id=latest.metadata[TURN_KEY])
+                record = store.effect(thread_id, keys.record)
+                assert record.result["execution_id"] == executions[keys.idempotency].execution_id
+                records[keys.idempotency] = record.run_id
+        assert len(executions) == len(records) + sum(len(store.children(t, limit=100)) for t in roots)
         for attempt in ledger.attempts():
             if attempt.outcome == "deduplicated":
-                first_call = executions[(attempt.thread_id, attempt.key)]
+                first_call = executions[attempt.idempotency_key]
                 assert first_call.worker == "victim" and attempt.worker == "rescuer"
-                assert store.effect(attempt.thread_id, attempt.key).run_id.startswith("rescuer:")
+                if attempt.idempotency_key in records:
+                    assert records[attempt.idempotency_key].startswith("rescuer:")
     finally:
         for process in workers.values():
             if process.poll() is None:
@@ -317,9 +329,10 @@ def memory():
     store.close()
 
 
-def _serve_all(store, ledger, plan: DemoPlan) -> set[int]:
+def _serve_all(store, ledger, plan: DemoPlan, ids=None) -> set[int]:
     runtime = GraphRuntime(
-        store, node_id="w1", claim_policy=ClaimPolicy(ttl=timedelta(seconds=5), renew_every=timedelta(seconds=1))
+        store, node_id="w1", claim_policy=ClaimPolicy(ttl=timedelta(seconds=5), renew_every=timedelta(seconds=1)),
+        ids=ids,
     )
     try:
         ids = {
@@ -357,11 +370,19 @@ def test_the_sample_runs_verify_clean_and_a_repeated_effect_fails_the_check(memo
         assert state["children"] == ["demo-004.research-2", "demo-004.research-3"]
         assert "5/5 writes with a superseded token refused" in checks[3].figure
         # Someone calls an effect again that a committed step recorded: the provider dedupes it, the check fails.
+        turn = memory.latest("demo-001").checkpoint.metadata[TURN_KEY]
         other = Ledger(tmp_path / "ledger.db", worker="w2")
-        other.call("demo-001", "tool:1", "w2:run-x", "search_web", "again")
+        other.call("demo-001", "tool:1", effect_keys("demo-001", "tool:1", turn_id=turn).idempotency, "w2:run-x",
+                   "search_web", "again")  # fmt: skip
         other.close()
         again = verify(memory, memory.queue, ledger, plan, ids, None)
         assert not again[1].passed and "called again by w2:run-x" in again[1].problems[0]
+        # A re-execution that used another idempotency key executed twice at the provider: the check fails.
+        other = Ledger(tmp_path / "ledger.db", worker="w2")
+        other.call("demo-002", "tool:1", "another-key", "w2:run-y", "search_web", "again")
+        other.close()
+        stray = verify(memory, memory.queue, ledger, plan, ids, None)[1]
+        assert any("another-key" in p and "no completed run recorded it" in p for p in stray.problems), stray
     finally:
         ledger.close()
 
@@ -372,7 +393,7 @@ def test_a_parent_that_dies_while_its_child_runs_recovers_the_child_and_its_effe
     calls: list[str] = []
 
     def search(state, ctx):
-        ctx.effect("search", lambda: calls.append(ctx.run_id) or ledger.call(ctx.thread_id, "search", ctx.run_id, "s", 1))
+        ctx.effect("search", lambda key: calls.append(ctx.run_id) or ledger.call(ctx.thread_id, "search", key, ctx.run_id, "s", 1))
         entered.set()
         gate.wait(10)  # the first run's child blocks here until its runtime closed
         return Step.to("summarize", {**state, "effects": ["search"]})
@@ -464,16 +485,23 @@ def test_a_call_repeated_after_the_crashed_workers_uncommitted_call_passes_only_
     dead = Ledger(tmp_path / "ledger.db", worker="dead")
     plan = DemoPlan(runs=1, workers=1, concurrency=1, crash=False)
     try:
-        # The dead worker called tool:1 and died before its step committed: the next call gets its execution.
-        dead.call("demo-001", "tool:1", "dead:run-0", "search_web", "first")
-        ids = _serve_all(memory, ledger, plan)
-        record = memory.effect("demo-001", "tool:1")
+        # The dead worker called tool:1 of the turn the served run takes up and died before its step committed:
+        # the next call, with the same idempotency key, gets its execution.
+        keys = effect_keys("demo-001", "tool:1", turn_id="w1:run-1")  # the served run's turn: its own RunId
+        claim = memory.claim("demo-001", ClaimRequest(holder="dead:run-0", ttl=timedelta(seconds=5)))
+        intent = EffectRecord(key=keys.intent, run_id="dead:run-0", recorded_at=_now(), result={"key": "tool:1"})
+        memory.commit("demo-001", Commit(token=claim.token, effects=[intent]))  # the intent, as ctx.effect writes
+        dead.call("demo-001", "tool:1", keys.idempotency, "dead:run-0", "search_web", "first")
+        memory.release("demo-001", claim.token)
+        ids = _serve_all(memory, ledger, plan, SequentialIds())
+        assert memory.latest("demo-001").checkpoint.metadata[TURN_KEY] == "w1:run-1"
+        record = memory.effect("demo-001", keys.record)
         assert record.run_id.startswith("w1:")
         assert record.result["execution_id"] == ledger.executions()[0].execution_id
         crash = Crash("dead", 1, _now(), 0.0, [])
         effects = verify(memory, memory.queue, ledger, plan, ids, crash)[1]
         assert effects.passed, effects
-        assert "1 call(s) repeated after the crash" in effects.figure
+        assert "1 re-execution(s) after the crash" in effects.figure
         assert not verify(memory, memory.queue, ledger, plan, ids, None)[1].passed
     finally:
         dead.close()

@@ -114,7 +114,7 @@ def test_a_run_commits_one_checkpoint_per_superstep_with_its_next_node(runtime, 
     assert [e.seq for e in events] == [1, 2, 3, 4]
     assert events[1].payload == {"charged": 100} and events[1].node_id == "a" and events[1].task_id == "1:a"
     assert events[1].checkpoint_id == history[1].id
-    effect = store.effect("t1", "charge")
+    effect = store.effect("t1", g.effect_keys("t1", "charge", turn_id=handle.run_id).record)
     assert effect.result == 100 and effect.run_id == handle.run_id and effect.checkpoint_id == history[1].id
     # The claim was released: the thread can be claimed at once, and the registry says COMPLETED.
     page = runtime.threads(ThreadQuery(tenant_id="acme"))
@@ -130,7 +130,8 @@ def test_a_second_start_is_a_new_turn_from_the_settled_state(runtime, store):
     second = runtime.start("t1", graph, {"y": 2}).wait(WAIT)
     assert second.state["x"] == 1 and second.state["y"] == 2
     assert second.state["path"] == ["a", "b", "c", "a", "b", "c"]
-    assert counter.counts["charge"] == 1  # the effect key was recorded on the thread: not run again
+    assert counter.counts["charge"] == 2  # an effect key names one effect of one turn: the new turn runs it
+    assert second.state["charged"] == 200
     assert store.history("t1", limit=10)[4].id == first.checkpoint_id
 
 

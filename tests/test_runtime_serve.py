@@ -204,7 +204,7 @@ def test_serve_runs_every_entry_once_and_one_thread_in_enqueue_order(stores, run
     assert latest.status is CheckpointStatus.COMPLETED and latest.tenant_id == "acme"
     assert latest.state["seen"] == ["first", "second"]
     assert stores[1].lookup_run("t1", queue.entry(entries[0].entry_id).run_ids) is not None
-    assert steps.count("a") == 4 and steps.count("effect") == 3  # one effect key per thread
+    assert steps.count("a") == 4 and steps.count("effect") == 4  # one effect per turn: t1's second entry is a new turn
     assert server.completed == 4 and server.failed == 0
     server.stop()
     server.join(WAIT)

@@ -113,7 +113,7 @@ def test_seeds_pass_over_sqlite():
 EXPECTED_INVARIANTS = {
     "commit_unfenced": {"no stale-token write applied"},
     "renew_unfenced": {"no stale-token write applied"},
-    "effect_unfenced": {"effects recorded only by fenced commits", "effects run at most once"},
+    "effect_unfenced": {"effects recorded only by fenced commits", "effects never run again once recorded"},
     "sweep_unguarded": {"retention keeps protected checkpoints"},
     "seq_reuse_after_delete": {"event numbers never reused", "tombstone numbering"},
 }
@@ -170,7 +170,7 @@ def test_regression_seeds_keep_their_verdicts(kept):
 
 
 def test_the_simulated_store_validates_nothing_itself(monkeypatch):
-    """Each commit is checked once, by the real store: never by the simulated store in front of it (seed 6 also
+    """Each commit is checked once, by the real store: never by the simulated store in front of it (seed 0 also
     loses several commits before they reach the store, which the simulated store then never checks)."""
     counts = Counter()
     real_check, real_commit = base.check_commit, InMemoryCheckpointer._commit
@@ -185,7 +185,7 @@ def test_the_simulated_store_validates_nothing_itself(monkeypatch):
 
     monkeypatch.setattr(base, "check_commit", check)
     monkeypatch.setattr(InMemoryCheckpointer, "_commit", commit)
-    result = simulate_seed(6)
+    result = simulate_seed(0)
     assert result.ok and result.probes["outcome_unknown_not_applied.commit"] > 0
     assert counts["applied"] > 0 and counts["checked"] == counts["applied"]
 
@@ -542,12 +542,13 @@ def test_simulate_reports_a_failure_with_its_shortest_trace_and_replay_command()
     result = CliRunner().invoke(cli, ["simulate", "--seeds", "15", "--plant", "seq_reuse_after_delete"])
     assert result.exit_code == 1
     assert "shortest failing trace" in result.output
-    assert "VIOLATION event numbers never reused" in result.output
+    violation = next(line for line in result.output.splitlines() if "VIOLATION" in line).split("VIOLATION ")[1]
+    assert violation.split(":")[0] in EXPECTED_INVARIANTS["seq_reuse_after_delete"]
     replay = [line for line in result.output.splitlines() if line.startswith("replay: ")][-1]
     seed = int(replay.split("--seed ")[1].split()[0])
     assert replay == f"replay: threadloom simulate --seed {seed} --plant seq_reuse_after_delete"
     again = CliRunner().invoke(cli, ["simulate", "--seed", str(seed), "--plant", "seq_reuse_after_delete"])
-    assert again.exit_code == 1 and "VIOLATION event numbers never reused" in again.output
+    assert again.exit_code == 1 and f"VIOLATION {violation}" in again.output
 
 
 def test_simulate_json_document():
@@ -624,15 +625,15 @@ def test_effects_of_spawned_child_graphs_are_checked_too(monkeypatch):
 
     real = NodeContext.effect
 
-    def forgetful(self, key, fn):
+    def forgetful(self, key, fn, **options):
         if key == "child_charge":
             self._read_effect = lambda _key: None  # the bug: the child's committed record is not read
-        return real(self, key, fn)
+        return real(self, key, fn, **options)
 
     monkeypatch.setattr(NodeContext, "effect", forgetful)
     results = [simulate_seed(seed, SimConfig(faults=frozenset())) for seed in range(40)]
     caught = [r for r in results if not r.ok]
-    assert caught and {r.invariant for r in caught} == {"effects run at most once"}
+    assert caught and {r.invariant for r in caught} == {"effects never run again once recorded"}
     assert all("child_charge" in r.detail for r in caught)
 
 
@@ -669,3 +670,13 @@ def test_worker_processes_that_cannot_start_are_a_clear_error(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "the worker processes failed" in done.stderr and "--jobs 1" in done.stderr
     assert "interrupted" not in done.stderr
+
+
+def test_an_effect_called_without_its_intent_is_caught(monkeypatch):
+    """The intent is what tells a re-executed step that a call may have happened: a runtime that calls an
+    effect's function without committing it first is caught."""
+    from threadloom.actors.graph import NodeContext
+
+    monkeypatch.setattr(NodeContext, "_intend", lambda self, key, scope, keys: None)
+    results = [simulate_seed(seed, SimConfig(faults=frozenset())) for seed in range(5)]
+    assert all(not r.ok and r.invariant == "effects run only after their intent" for r in results)

@@ -9,15 +9,16 @@ The command is the coordinator:
    queue with a short claim and lease ttl; they log JSON lines to files in the demo's folder.
 3. Unless ``--no-crash``, once a quarter of the runs completed it SIGKILLs the worker that holds the most runs
    in the middle of their work. Its claims and leases expire; the other workers take its threads over and
-   recover them from their latest checkpoints, reading recorded effects instead of running them again.
+   recover them from their latest checkpoints, reading recorded effects instead of running them again (a call
+   the crash cut off before its step committed is made again, with the same idempotency key).
 4. It shows progress live (a rich display on a terminal, plain lines otherwise), stops the workers once every
    run finished, and verifies the store and the effect ledger (:func:`~threadloom.cli.demo.verify.verify`):
-   every run completed; each effect executed exactly once; every event log gap-free; no write with a stale
-   token accepted; tokens strictly increasing. It prints a table (or, with ``--json``, one JSON document) and
-   exits 1 if a check failed.
+   every run completed; each effect recorded once, re-executions with its idempotency key; every event log
+   gap-free; no write with a stale token accepted; tokens strictly increasing. It prints a table (or, with
+   ``--json``, one JSON document) and exits 1 if a check failed.
 
 The effect ledger (:class:`~threadloom.cli.demo.graph.Ledger`) stands in for the outside world: a tool provider
-that executes each effect key once. It is what the verification counts executions with.
+that executes each idempotency key once. It is what the verification counts executions with.
 
 With ``--metrics-port N`` every store call of the demo is metered
 (:class:`~threadloom.persistence.metrics.metered.MeteredCheckpointer` into a
@@ -254,8 +255,9 @@ def demo(
     Enqueues --runs runs of a tool-using agent loop (with child threads and effects) for tenant 'acme', starts
     --workers worker processes on the store, SIGKILLs the one holding the most runs once a quarter of the runs
     completed, lets the others take its threads over once its claims expire, shows progress live, and ends with
-    a verification table: every run completed; each effect executed exactly once; every event log gap-free; no
-    write with a stale token accepted; tokens strictly increasing. Exit status 1 if a check fails.
+    a verification table: every run completed; each effect recorded once (a call the crash cut off is made
+    again, with the same idempotency key); every event log gap-free; no write with a stale token accepted;
+    tokens strictly increasing. Exit status 1 if a check fails.
 
     Without --store it works in a new SQLite file in a temporary folder, removed at the end unless --keep.
 

@@ -9,9 +9,10 @@ Two graphs (plain Python, named nodes, one commit per node):
 
 Every effect goes through a :class:`Ledger`: the demo's stand-in for the outside world (a tool provider). It
 lives in its own SQLite file, outside the store, and is written by the effect's function itself, so it counts
-what really ran. Like a real provider it is idempotent by key: a second call with a key it already executed
-(which happens only when a process died after the call and before the step that made it committed) executes
-nothing and returns the first execution's result; the ledger records that attempt, so the demo can show it.
+what really ran. Like a real provider it is idempotent by the idempotency key ``ctx.effect`` hands the function:
+a second call with a key it already executed (which happens when a process died after the call and before the
+step that made it committed: effects run at least once) executes nothing and returns the first execution's
+result; the ledger records that attempt, so the demo can show it.
 
 Nodes sleep a little (``pace`` scales it) so a run takes about a second and a crash lands in the middle of one.
 """
@@ -45,10 +46,11 @@ TOOLS = ("search_web", "read_file", "run_sql", "call_api")
 
 @attrs.frozen
 class Execution:
-    """One executed effect, as the ledger recorded it (first call of its ``(thread_id, key)``)."""
+    """One executed effect, as the ledger recorded it (the first call with its idempotency key)."""
 
     thread_id: str
     key: str
+    idempotency_key: str
     execution_id: str
     tool: str
     worker: str
@@ -59,10 +61,11 @@ class Execution:
 
 @attrs.frozen
 class Attempt:
-    """One call of the ledger: ``executed`` (the first for its key) or ``deduplicated`` (a repeat)."""
+    """One call of the ledger: ``executed`` (the first for its idempotency key) or ``deduplicated`` (a repeat)."""
 
     thread_id: str
     key: str
+    idempotency_key: str
     execution_id: str
     outcome: str
     worker: str
@@ -73,18 +76,18 @@ class Attempt:
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS executions (
-        thread_id TEXT NOT NULL, key TEXT NOT NULL, execution_id TEXT NOT NULL, tool TEXT NOT NULL,
-        worker TEXT NOT NULL, pid INTEGER NOT NULL, run_id TEXT NOT NULL, at_us INTEGER NOT NULL,
-        PRIMARY KEY (thread_id, key))""",
+        thread_id TEXT NOT NULL, key TEXT NOT NULL, idempotency_key TEXT NOT NULL PRIMARY KEY,
+        execution_id TEXT NOT NULL, tool TEXT NOT NULL, worker TEXT NOT NULL, pid INTEGER NOT NULL,
+        run_id TEXT NOT NULL, at_us INTEGER NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS attempts (
         id INTEGER PRIMARY KEY AUTOINCREMENT, thread_id TEXT NOT NULL, key TEXT NOT NULL,
-        execution_id TEXT NOT NULL, outcome TEXT NOT NULL, worker TEXT NOT NULL, pid INTEGER NOT NULL,
-        run_id TEXT NOT NULL, at_us INTEGER NOT NULL)""",
+        idempotency_key TEXT NOT NULL, execution_id TEXT NOT NULL, outcome TEXT NOT NULL, worker TEXT NOT NULL,
+        pid INTEGER NOT NULL, run_id TEXT NOT NULL, at_us INTEGER NOT NULL)""",
 )
 
 
 class Ledger:
-    """The demo's tool provider: every effect the sample graph runs executes here, once per key.
+    """The demo's tool provider: every effect the sample graph runs executes here, once per idempotency key.
 
     A SQLite file of its own (never the store). Safe from many threads and processes at once.
 
@@ -118,8 +121,12 @@ class Ledger:
         with self._lock:
             self._conn.close()
 
-    def call(self, thread_id: str, key: str, run_id: str, tool: str, argument: Any) -> dict[str, Any]:
-        """Executes ``tool(argument)`` for ``(thread_id, key)`` once; a repeat returns the first execution.
+    def call(
+        self, thread_id: str, key: str, idempotency_key: str, run_id: str, tool: str, argument: Any
+    ) -> dict[str, Any]:
+        """Executes ``tool(argument)`` once per ``idempotency_key``; a repeat returns the first execution.
+
+        ``thread_id`` and ``key`` (the effect's key in the graph) are recorded for the verification to read.
 
         Returns:
             ``{"execution_id", "tool", "output"}`` of the (first) execution: JSON, recorded by ``ctx.effect``.
@@ -133,17 +140,17 @@ class Ledger:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 inserted = self._conn.execute(
-                    "INSERT OR IGNORE INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (thread_id, key, execution_id, tool, self.worker, pid, run_id, now_us),
+                    "INSERT OR IGNORE INTO executions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (thread_id, key, idempotency_key, execution_id, tool, self.worker, pid, run_id, now_us),
                 ).rowcount
                 first = self._conn.execute(
-                    "SELECT execution_id, tool FROM executions WHERE thread_id = ? AND key = ?", (thread_id, key)
+                    "SELECT execution_id, tool FROM executions WHERE idempotency_key = ?", (idempotency_key,)
                 ).fetchone()
                 self._conn.execute(
-                    "INSERT INTO attempts (thread_id, key, execution_id, outcome, worker, pid, run_id, at_us) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (thread_id, key, first[0], "executed" if inserted else "deduplicated", self.worker, pid, run_id,
-                     now_us),
+                    "INSERT INTO attempts (thread_id, key, idempotency_key, execution_id, outcome, worker, pid, "
+                    "run_id, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (thread_id, key, idempotency_key, first[0], "executed" if inserted else "deduplicated",
+                     self.worker, pid, run_id, now_us),
                 )
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -155,7 +162,8 @@ class Ledger:
         """Every execution, in the order they ran."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT thread_id, key, execution_id, tool, worker, pid, run_id, at_us FROM executions ORDER BY at_us"
+                "SELECT thread_id, key, idempotency_key, execution_id, tool, worker, pid, run_id, at_us "
+                "FROM executions ORDER BY at_us"
             ).fetchall()
         return [Execution(*row) for row in rows]
 
@@ -163,7 +171,8 @@ class Ledger:
         """Every call, in the order they were made."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT thread_id, key, execution_id, outcome, worker, pid, run_id, at_us FROM attempts ORDER BY id"
+                "SELECT thread_id, key, idempotency_key, execution_id, outcome, worker, pid, run_id, at_us "
+                "FROM attempts ORDER BY id"
             ).fetchall()
         return [Attempt(*row) for row in rows]
 
@@ -195,8 +204,8 @@ def build_graphs(runtime: GraphRuntime, ledger: Ledger, *, pace: float = 1.0) ->
         if pace > 0:
             time.sleep(seconds * pace)
 
-    def tool_call(ctx: NodeContext, key: str, tool: str, argument: Any) -> Callable[[], Any]:
-        return lambda: ledger.call(ctx.thread_id, key, ctx.run_id, tool, argument)
+    def tool_call(ctx: NodeContext, key: str, tool: str, argument: Any) -> Callable[[str], Any]:
+        return lambda idempotency_key: ledger.call(ctx.thread_id, key, idempotency_key, ctx.run_id, tool, argument)
 
     # -- the research child ------------------------------------------------------------------------------------
 

@@ -437,6 +437,29 @@ class CommitsContract:
         assert store.effect("t", "missing") is None
         assert store.effect("unknown", "k1") is None
 
+    def test_an_effects_only_commit_is_fenced_and_changes_nothing_else(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        """What the runtime's effect intents rely on: a commit of effect records alone, before the effect is
+        called, is refused with a superseded token (nothing written) and otherwise adds only its records."""
+        writer = Writer(store, harness, "t")
+        writer.step("c1", events=1)
+        now = harness.clock.now()
+        intent = EffectRecord(key="pay@1/intent", run_id="run-1", recorded_at=now, result={"key": "pay"})
+        assert writer.commit(effects=[intent]) == []
+        assert store.effect("t", "pay@1/intent") == intent
+        assert present(store.latest("t")).checkpoint.id == "c1"
+        assert seqs(store.events_after("t", 0, 10)) == [1]
+        writer.release()
+        successor = Writer(store, harness, "t", holder="run-2")
+        late = EffectRecord(key="pay@2/intent", run_id="run-1", recorded_at=now, result={"key": "pay"})
+        expect(StaleClaim, lambda: writer.commit(effects=[late]), thread_id="t", token=writer.token)
+        assert store.effect("t", "pay@2/intent") is None
+        again = EffectRecord(key="pay@1/intent", run_id="run-2", recorded_at=now, result={"key": "again"})
+        assert successor.commit(effects=[again]) == []
+        assert store.effect("t", "pay@1/intent") == intent  # first wins: the intent names the first run
+        assert seqs(successor.emit(1)) == [2]
+
     def test_metadata_commit_merges_and_moves_updated_at(self, harness: StoreHarness, store: Checkpointer) -> None:
         writer = Writer(store, harness, "t", tenant="acme")
         writer.step("c1")
