@@ -68,6 +68,7 @@ def test_different_seeds_run_differently():
 # -- the clean run ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(1200)  # about 3 minutes on two quiet cores; a loaded machine takes twice that
 def test_two_thousand_seeds_pass_with_every_fault_kind():
     results = list(run_seeds(SimConfig(), range(CI_SEEDS), jobs=2))
     failed = [(r.seed, r.invariant, r.detail) for r in results if not r.ok]
