@@ -83,6 +83,10 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     ),
     "history": LazyCommand("threadloom.cli.read:history", "List THREAD's checkpoints, newest first."),
     "events": LazyCommand("threadloom.cli.read:events", "Print THREAD's numbered events after --after, oldest first."),
+    "queue": LazyCommand(
+        "threadloom.cli.queue:queue",
+        "See and act on the run queue: list entries, retry a failed one, cancel an open one.",
+    ),
     "sweep": LazyCommand(
         "threadloom.cli.sweep:sweep", "Apply a retention policy to every thread of the store, page by page."
     ),

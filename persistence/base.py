@@ -590,6 +590,31 @@ class StoreBase(SlowCalls, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("sweep", None, started)
 
+    def preview_sweep(self, policy: SweepPolicy, *, after: str | None = None) -> SweepPage:
+        """What ``sweep(policy, None, after=after)`` would do now, with nothing changed: a dry run of one page.
+
+        The page is swept by the store's own code inside a transaction that is then rolled back, so the answer
+        is exact for the moment of the call (open queue entries protect their runs as in a real sweep; there
+        is no guard). It takes the write lock as a sweep does (SQLite: the file's write lock; PostgreSQL: the
+        page's thread rows) for the length of the call, so it needs a store opened for writing. Not part of the
+        ``Checkpointer`` contract: the in-memory store cannot preview.
+
+        Returns:
+            The page a sweep would return: visited, would be pruned, would be reclaimed, and ``next``.
+
+        Raises:
+            ValidationError: a bad ``policy`` or ``after``.
+            ProcessingError: the store cannot preview, is closed or read-only, or the storage failed; nothing
+                changed either way, so retrying is safe.
+        """
+        _instance("policy", policy, SweepPolicy)
+        v.check_optional_id("after", after)
+        self._ensure_open("preview_sweep")
+        return self._preview_sweep(policy, after)
+
+    def _preview_sweep(self, policy: SweepPolicy, after: str | None) -> SweepPage:
+        raise ProcessingError("preview_sweep", f"{type(self).__name__} cannot preview a sweep; nothing changed")
+
     def threads(self, query: ThreadQuery) -> ThreadPage:
         _instance("query", query, ThreadQuery)
         started = self._begin("threads")

@@ -548,6 +548,20 @@ class PostgresCheckpointer(StoreBase):
             pruned, reclaimed = (tuple(names) for names in self._call("sweep", None, "SWEEP", params, write=True)[0])
         return SweepPage(visited=page, pruned=pruned, reclaimed=reclaimed, next=page[-1] if more and page else None)
 
+    def _preview_sweep(self, policy: SweepPolicy, after: str | None) -> SweepPage:
+        rows = self._call("preview_sweep", None, "SWEEP_PAGE", (after or "", policy.batch_size + 1), write=False)
+        ids = [row[0] for row in rows]
+        page = tuple(ids[: policy.batch_size])
+        more = len(ids) > policy.batch_size
+        pruned: tuple[str, ...] = ()
+        reclaimed: tuple[str, ...] = ()
+        if page and (not policy.retention.keeps_everything or policy.tombstone_age is not None):
+            tombstone_us = duration_micros(policy.tombstone_age) if policy.tombstone_age is not None else None
+            params = (list(page), self._jsonb({}), *self._policy_params(policy.retention), tombstone_us)
+            found = self._call("preview_sweep", None, "SWEEP", params, write=True, rollback=True)[0]
+            pruned, reclaimed = (tuple(names) for names in found)
+        return SweepPage(visited=page, pruned=pruned, reclaimed=reclaimed, next=page[-1] if more and page else None)
+
     # -- registry ------------------------------------------------------------------------------------------------
 
     def _threads(self, query: ThreadQuery) -> ThreadPage:
