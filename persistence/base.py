@@ -71,9 +71,9 @@ def check_commit(thread_id: str, commit: Any) -> EncodedCommit:
 
 
 OPERATIONS: tuple[str, ...] = (
-    "claim", "renew", "release", "commit", "latest", "checkpoint", "history", "children", "events_after",
-    "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep", "threads",
-    "incomplete",
+    "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "children",
+    "events_after", "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep",
+    "threads", "incomplete",
 )
 """The public methods of the contract, in the order :class:`Checkpointer` declares them (the forwarding base,
 the metered store and the contract suite all iterate over this one list)."""
@@ -156,6 +156,17 @@ class Checkpointer(abc.ABC):
 
         A token that is not the thread's current claim changes nothing: a run that lost its claim never
         releases its successor's. Releasing again is safe.
+        """
+
+    @abc.abstractmethod
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        """The claim the store holds on ``thread_id`` now, live or expired; None when it holds none.
+
+        None for a thread never claimed, whose claim was released, or that was deleted (a delete ends the
+        claim). A claim past ``expires_at`` that nobody released or replaced is returned as it is: whether it
+        is live is judged by the store's clock, against ``expires_at`` (``ThreadSummary.status`` is ``RUNNING``
+        while it is). For operators: it names the holder and its tenant whoever asks (reads check no tenant),
+        and ``taken_over_from`` is None (the store keeps no record of the claim a takeover replaced).
         """
 
     # -- commits -------------------------------------------------------------------------------------------------
@@ -412,6 +423,15 @@ class StoreBase(SlowCalls, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("release", thread_id, started)
 
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        v.check_id("thread_id", thread_id)
+        started = self._begin("current_claim")
+        try:
+            return self._current_claim(thread_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("current_claim", thread_id, started)
+
     # -- commits -------------------------------------------------------------------------------------------------
 
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
@@ -646,6 +666,9 @@ class StoreBase(SlowCalls, Checkpointer):
 
     @abc.abstractmethod
     def _release(self, thread_id: str, token: int) -> None: ...
+
+    @abc.abstractmethod
+    def _current_claim(self, thread_id: str) -> RunClaim | None: ...
 
     @abc.abstractmethod
     def _commit(self, thread_id: str, commit: EncodedCommit) -> list[EventRecord]:

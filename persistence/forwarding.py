@@ -127,6 +127,9 @@ class ForwardingCheckpointer(Checkpointer):
     def release(self, thread_id: str, token: int) -> None:
         return self._forward("release", thread_id, token)
 
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        return self._forward("current_claim", thread_id)
+
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
         return self._forward("commit", thread_id, commit)
 

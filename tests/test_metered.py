@@ -152,6 +152,7 @@ def test_every_metric_is_described_and_every_operation_is_a_public_method():
 def test_every_operation_delegates_and_is_counted_with_its_latency(store: MeteredCheckpointer, clock: ManualClock):
     claim = store.claim("t", ClaimRequest(holder="run-1", ttl=TTL))
     store.renew("t", claim.token, TTL)
+    assert store.current_claim("t").token == claim.token
     records = store.commit(
         "t",
         Commit(
@@ -186,7 +187,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
 
     s = snap(store)
     expected = {
-        "claim": 2, "renew": 1, "release": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
+        "claim": 2, "renew": 1, "release": 1, "current_claim": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
         "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
         "effect": 1, "lookup_run": 1, "prune": 1, "sweep": 1, "threads": 1, "incomplete": 2,
     }

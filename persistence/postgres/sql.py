@@ -44,6 +44,10 @@ RECORD_VERSION = "INSERT INTO {s}.schema_version (version) VALUES (%s)"
 CLAIM = "SELECT code, token, expires_at, old_holder, old_tenant, latest FROM {s}.tl_claim(%s, %s, %s, %s)"
 RENEW = "SELECT code, current, holder, expires_at, tenant FROM {s}.tl_renew(%s, %s, %s)"
 RELEASE = "SELECT {s}.tl_release(%s, %s)"
+CURRENT_CLAIM = (
+    "SELECT claim_holder, claim_token, claim_expires, claim_tenant FROM {s}.threads "
+    "WHERE thread_id = %s AND claim_token IS NOT NULL"
+)
 COMMIT = (
     "SELECT first_seq, current, fence_current, base, duplicate, latest FROM {s}.tl_commit("
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"

@@ -97,8 +97,9 @@ _SEQ_ZERO = '{"seq":0,'
 """How :meth:`EncodedEvent.text` begins for number 0: what ``tl_commit`` writes again with the real number."""
 
 _STATEMENTS = (
-    "CLAIM", "RENEW", "RELEASE", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST", "CHECKPOINT", "HISTORY",
-    "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN", "SWEEP_PAGE",
+    "CLAIM", "RENEW", "RELEASE", "CURRENT_CLAIM", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST",
+    "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN",
+    "SWEEP_PAGE",
 )  # fmt: skip
 
 
@@ -358,6 +359,15 @@ class PostgresCheckpointer(StoreBase):
 
     def _release(self, thread_id: str, token: int) -> None:
         self._call("release", thread_id, "RELEASE", (thread_id, token), write=True)
+
+    def _current_claim(self, thread_id: str) -> RunClaim | None:
+        rows = self._call("current_claim", thread_id, "CURRENT_CLAIM", (thread_id,), write=False)
+        if not rows:
+            return None
+        holder, token, expires_at, tenant = rows[0]
+        return RunClaim(
+            thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant
+        )
 
     # -- commits -----------------------------------------------------------------------------------------------------
 

@@ -315,6 +315,14 @@ class SqliteCheckpointer(StoreBase):
         conn.execute(sql.RENEW, (to_micros(expires_at), thread_id))
         return RunClaim(thread_id=thread_id, holder=row[0], token=token, expires_at=expires_at, tenant_id=row[2])
 
+    def _current_claim(self, thread_id: str) -> RunClaim | None:
+        rows = self._db.fetch_all("current_claim", thread_id, sql.CURRENT_CLAIM, (thread_id,))
+        if not rows:
+            return None
+        holder, token, expires, tenant = rows[0]
+        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=from_micros(expires),
+                        tenant_id=tenant)
+
     def _release(self, thread_id: str, token: int) -> None:
         self._db.write("release", thread_id, self._release_work, thread_id, token)
 
