@@ -87,6 +87,14 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
         "threadloom.cli.queue:queue",
         "See and act on the run queue: list entries, retry a failed one, cancel an open one.",
     ),
+    "recover": LazyCommand(
+        "threadloom.cli.thread_ops:recover",
+        "Continue THREAD's incomplete run at the node after its last commit, and wait for it to end.",
+    ),
+    "delete": LazyCommand(
+        "threadloom.cli.thread_ops:delete",
+        "Delete THREAD and all its descendants (the runtime's fenced cascade); asks first unless --yes.",
+    ),
     "sweep": LazyCommand(
         "threadloom.cli.sweep:sweep", "Apply a retention policy to every thread of the store, page by page."
     ),

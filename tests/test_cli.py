@@ -183,7 +183,7 @@ def test_show_gives_the_latest_checkpoint_its_pending_writes_and_registry_row(db
     assert doc["pending_writes"] == [{"checkpoint_id": "cp-4", "task_id": "task-4", "node_id": "answer",
                                       "payload": {"i": 4}}]
     assert doc["registry"]["status"] == "running"
-    assert any("claim" in note for note in doc["notes"])
+    assert doc["claim"]["state"] == "live" and doc["claim"]["holder"] == "run-1"  # the claim is read now
 
 
 def test_show_a_child_thread_says_it_is_not_in_the_registry(db):

@@ -343,3 +343,133 @@ def test_sweep_queue_age_purges_finished_entries_only(backend: Backend, store: A
     purged = run(backend, "--json", "sweep", "--queue-age", "1ms")
     assert purged.exit_code == 0 and json.loads(purged.output)["queue_purged"] == 1
     assert q.entry(finished.entry_id) is None and q.entry(still_open.entry_id).open
+
+
+# -- show, recover, delete -----------------------------------------------------------------------------------------
+
+GRAPH_MODULE = '''
+from threadloom import Graph, Step
+
+def first(state, ctx):
+    return Step.to("second", {**state, "first": True})
+
+def second(state, ctx):
+    return Step.end({**state, "second": True})
+
+graph = Graph("g", {"first": first, "second": second}, entry="first")
+'''
+
+
+@pytest.fixture
+def graph_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "cli_ops_graph.py").write_text(GRAPH_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "cli_ops_graph:graph"
+
+
+def _dead_run(store: Any, thread: str, ttl: timedelta, *, tenant: str | None = "acme") -> Any:
+    """A run that claimed ``thread``, committed its first checkpoint (next node: first) and died."""
+    claim = store.claim(thread, ClaimRequest(holder="dead-run", ttl=ttl, tenant_id=tenant))
+    store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
+        id="c0", parent=None, thread_id=thread, run_id="dead-run", status=CheckpointStatus.RUNNING, created_at=NOW,
+        graph_id="g", state={"n": 1}, tenant_id=tenant, metadata={"threadloom.next": "first"},
+    )))
+    return claim
+
+
+def test_show_names_the_claim_holder_its_expiry_and_the_open_entries(backend: Backend, store: Any) -> None:
+    claim = _dead_run(store, "t1", TTL)
+    entry = store.queue.enqueue("t1", graph_id="g", tenant_id="acme")
+    store.queue.enqueue("other", graph_id="g")
+    doc = json.loads(run(backend, "--json", "show", "t1").output)
+    assert doc["claim"] == {"holder": "dead-run", "token": claim.token, "expires_at": claim.expires_at.isoformat(),
+                            "tenant_id": "acme", "state": "live"}
+    assert [e["entry_id"] for e in doc["queue_entries"]] == [entry.entry_id]
+    text = run(backend, "show", "t1").output
+    assert "dead-run (token" in text and "by the store's clock: live" in text and "open run-queue entries" in text
+    store.release("t1", claim.token)
+    assert json.loads(run(backend, "--json", "show", "t1").output)["claim"] is None
+
+
+def test_recover_refuses_a_live_claim_then_waits_for_a_dead_runs_claim_to_expire(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    claim = _dead_run(store, "t1", timedelta(seconds=2))
+    before = backend.dump()
+    refused = run(backend, "recover", "t1", "--graph", graph_module)
+    assert refused.exit_code == EXIT_FAILED and "'dead-run'" in refused.output and "--wait" in refused.output
+    assert backend.dump() == before
+    result = run(backend, "--json", "recover", "t1", "--graph", graph_module, "--wait", "--timeout", "60s")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "completed"
+    latest = store.latest("t1").checkpoint
+    assert latest.status is CheckpointStatus.COMPLETED and latest.state == {"n": 1, "first": True, "second": True}
+    assert latest.fencing_token > claim.token and store.current_claim("t1") is None
+
+
+def test_recover_wait_gives_up_on_a_claim_that_keeps_being_renewed(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    import threading
+
+    claim = _dead_run(store, "t1", timedelta(seconds=1))
+    stop = threading.Event()
+
+    def renew() -> None:  # a live run: it renews its claim well before expiry
+        while not stop.wait(0.2):
+            store.renew("t1", claim.token, timedelta(seconds=1))
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        result = run(backend, "recover", "t1", "--graph", graph_module, "--wait", "--timeout", "2s")
+    finally:
+        stop.set()
+        renewer.join()
+    assert result.exit_code == EXIT_FAILED
+    assert "'dead-run'" in result.output and "--timeout ran out" in result.output
+    assert store.latest("t1").checkpoint.id == "c0" and store.current_claim("t1").token == claim.token
+
+
+def test_recover_refuses_a_bad_graph_an_unknown_thread_and_a_settled_one(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    _commit_run(store, "done", "run-1", 1, status=CheckpointStatus.COMPLETED)
+    before = backend.dump()
+    bad = run(backend, "recover", "done", "--graph", "no_such_module_xyz:graph")
+    assert bad.exit_code == EXIT_USAGE and "cannot import" in bad.output
+    assert run(backend, "recover", "done", "--graph", "cli_ops_graph").exit_code == EXIT_USAGE
+    unknown = run(backend, "recover", "nope", "--graph", graph_module)
+    assert unknown.exit_code == EXIT_FAILED and "unknown thread" in unknown.output
+    settled = run(backend, "--json", "recover", "done", "--graph", graph_module)
+    assert settled.exit_code == EXIT_FAILED
+    assert json.loads(settled.output.splitlines()[-1])["error"]["type"] == "InvalidRunState"
+    assert backend.dump() == before
+
+
+def test_delete_cascades_after_confirmation_and_refuses_a_live_run(backend: Backend, store: Any) -> None:
+    from threadloom import CheckpointOrigin
+
+    _commit_run(store, "root", "run-1", 2)
+    claim = store.claim("child", ClaimRequest(holder="run-c", ttl=TTL))
+    store.commit("child", Commit(token=claim.token, checkpoint=Checkpoint(
+        id="k0", parent=None, thread_id="child", run_id="run-c", status=CheckpointStatus.COMPLETED, created_at=NOW,
+        origin=CheckpointOrigin(parent_thread="root"),
+    )))
+    store.release("child", claim.token)
+    live = _dead_run(store, "busy", TTL, tenant=None)
+    before = backend.dump()
+    unconfirmed = run(backend, "delete", "root")  # stdin is not a terminal: refused without --yes
+    assert unconfirmed.exit_code == EXIT_FAILED and "--yes" in unconfirmed.output
+    declined = CliRunner().invoke(cli, ["--store", backend.url, "delete", "root"], input="n\n")
+    assert declined.exit_code == EXIT_FAILED
+    held = run(backend, "delete", "busy", "--yes")
+    assert held.exit_code == EXIT_FAILED
+    assert backend.dump() == before
+    done = run(backend, "--json", "delete", "root", "--yes")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == ["child", "root"]
+    assert store.latest("root") is None and store.latest("child") is None
+    assert store.current_claim("busy").token == live.token
+    assert run(backend, "delete", "root", "--yes").exit_code == EXIT_FAILED  # unknown now
