@@ -174,7 +174,8 @@ class ClaimsContract:
         assert store.current_claim("t") is None
         writer = Writer(store, harness, "t2", holder="w", ttl_ticks=LIVE)
         writer.step("c1", events=1)
-        assert store.current_claim("t2").token == writer.token
+        held = store.current_claim("t2")
+        assert held is not None and held.token == writer.token
         store.delete_thread("t2", writer.token)
         assert store.current_claim("t2") is None  # a delete ends the claim
 
