@@ -289,11 +289,14 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
     """List THREAD's checkpoints, newest first."""
     state = state_of(ctx)
     store = state.store(read_only=True)
-    items = _history(store, thread, limit, before)
+    items = _history(store, thread, limit + 1, before)
+    more = len(items) > limit
+    items = items[:limit]
     if not items and before is None and store.latest(thread) is None:
         raise _unknown_thread(state, thread)
+    next_before = items[-1].id if more else None
     if state.json_output:
-        state.emit({"thread_id": thread, "checkpoints": [checkpoint_json(cp) for cp in items]})
+        state.emit({"thread_id": thread, "checkpoints": [checkpoint_json(cp) for cp in items], "next": next_before})
         return
     table = new_table(
         f"history of {thread!r}, newest first", "checkpoint", "parent", "status", "run", "token", "created at"
@@ -304,6 +307,8 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
             time_cell(cp.created_at),
         )
     state.out.print(table)
+    if next_before is not None:
+        state.out.print(Text(f"more follow: --before {next_before}", style="dim"))
 
 
 # -- events ------------------------------------------------------------------------------------------------------------
@@ -448,12 +453,17 @@ def _print_events(
 
         follow_events(store, thread, after, limit, deliver)
         return
-    items = _read_events(store, thread, after, 100 if limit is None else limit)
+    want = 100 if limit is None else limit
+    items = _read_events(store, thread, after, want + 1)
+    more = len(items) > want
+    items = items[:want]
     if not items and after == 0 and store.latest(thread) is None:
         raise _unknown_thread(state, thread)
+    next_after = items[-1].seq if more else None
     if state.json_output:
         last = items[-1].seq if items else after
-        state.emit({"thread_id": thread, "events": [event_json(ev) for ev in items], "last_seq": last})
+        state.emit({"thread_id": thread, "events": [event_json(ev) for ev in items], "last_seq": last,
+                    "next": next_after})
         return
     table = new_table(
         f"events of {thread!r} after {after}", "seq", "type", "run", "token", "node", "timestamp", "payload"
@@ -464,6 +474,8 @@ def _print_events(
             time_cell(ev.timestamp), json_cell(ev.payload),
         )
     state.out.print(table)
+    if next_after is not None:
+        state.out.print(Text(f"more follow: --after {next_after}", style="dim"))
 
 
 __all__ = [

@@ -473,3 +473,88 @@ def test_delete_cascades_after_confirmation_and_refuses_a_live_run(backend: Back
     assert store.latest("root") is None and store.latest("child") is None
     assert store.current_claim("busy").token == live.token
     assert run(backend, "delete", "root", "--yes").exit_code == EXIT_FAILED  # unknown now
+
+
+# -- listing -------------------------------------------------------------------------------------------------------
+
+
+def test_history_and_events_print_the_cursor_of_the_next_page(backend: Backend, store: Any) -> None:
+    ids = _commit_run(store, "t1", "run-1", 5)
+    page = json.loads(run(backend, "--json", "history", "t1", "--limit", "2").output)
+    assert [cp["id"] for cp in page["checkpoints"]] == [ids[4], ids[3]] and page["next"] == ids[3]
+    following = json.loads(run(backend, "--json", "history", "t1", "--limit", "2", "--before", page["next"]).output)
+    assert [cp["id"] for cp in following["checkpoints"]] == [ids[2], ids[1]]
+    last = json.loads(run(backend, "--json", "history", "t1", "--limit", "5").output)
+    assert last["next"] is None
+    assert "more follow: --before " + ids[3] in run(backend, "history", "t1", "--limit", "2").output
+    events = json.loads(run(backend, "--json", "events", "t1", "--limit", "3").output)
+    assert [e["seq"] for e in events["events"]] == [1, 2, 3] and events["next"] == 3
+    assert json.loads(run(backend, "--json", "events", "t1", "--after", "3").output)["next"] is None
+    assert "more follow: --after 3" in run(backend, "events", "t1", "--limit", "3").output
+
+
+def test_global_options_are_accepted_after_the_command_name(backend: Backend, store: Any) -> None:
+    _commit_run(store, "t1", "run-1", 1)
+    after = CliRunner().invoke(cli, ["history", "t1", "--json", "--store", backend.url, "--log-level", "error"])
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.output)["checkpoints"][0]["id"] == "run-1:0"
+    nested = CliRunner().invoke(cli, ["queue", "list", f"--store={backend.url}", "--json"])
+    assert nested.exit_code == 0 and json.loads(nested.output)["entries"] == []
+    from threadloom.cli.main import hoist_global_options
+
+    assert hoist_global_options(["demo", "--store", "x", "--json"]) == ["--json", "demo", "--store", "x"]
+    assert hoist_global_options(["events", "t", "--", "--json"]) == ["events", "t", "--", "--json"]
+
+
+def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
+    """``threads``, ``show`` and ``queue list`` in a real pseudo-terminal 80 columns wide: no line is wider."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    path = tmp_path / "wide.db"
+    with SqliteCheckpointer.open(str(path)) as store:
+        for i in range(3):
+            thread = f"customer-support-conversation-{i:04d}-with-a-long-identifier"
+            claim = store.claim(thread, ClaimRequest(holder=f"worker-node-{i}:run-0123456789abcdef", ttl=TTL))
+            store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
+                id=f"checkpoint-{i}-0123456789abcdef0123456789", parent=None, thread_id=thread,
+                run_id=f"worker-node-{i}:run-0123456789abcdef", status=CheckpointStatus.RUNNING, created_at=NOW,
+                graph_id="a-graph-with-a-long-name", state={"text": "x" * 300},
+                metadata={"customer": "a-rather-long-customer-name", "channel": "email"},
+            )))
+            entry = store.queue.enqueue(thread, graph_id="a-graph-with-a-long-name", input={"n": i})
+            lease = store.queue.lease(f"worker-node-{i}.example.internal", TTL)
+            store.queue.record_run(entry.entry_id, lease.attempt, f"worker-node-{i}:run-0123456789abcdef")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    url = f"sqlite:///{path}"
+    for args in (["threads"], ["show", "customer-support-conversation-0001-with-a-long-identifier"],
+                 ["queue", "list"]):
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        proc = subprocess.Popen([sys.executable, "-m", "threadloom", "--store", url, *args], stdin=follower,
+                                stdout=follower, stderr=follower, env=env, close_fds=True)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode())
+        lines = text.replace("\r", "").split("\n")
+        assert len(lines) > 3, text
+        assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
+        assert "customer" in text  # ids fold inside their cells
