@@ -226,7 +226,7 @@ def test_events_after(db):
     ]
     assert doc["last_seq"] == 5
     assert run_json(db, "events", "t1", "--after", "1", "--limit", "2")["last_seq"] == 3
-    assert run_json(db, "events", "t1", "--after", "5") == {"thread_id": "t1", "events": [], "last_seq": 5}
+    assert run_json(db, "events", "t1", "--after", "5") == {"thread_id": "t1", "events": [], "last_seq": 5, "next": None}
 
 
 def test_events_table(db):
