@@ -39,19 +39,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """The command configures structlog and the root logger; give the next test the defaults back."""
-    root = logging.getLogger()
-    level = root.level
-    drivers = {name: logging.getLogger(name).level for name in DRIVER_LOGGERS}
-    yield
-    structlog.reset_defaults()
-    for handler in [h for h in root.handlers if h.get_name() == "threadloom-cli"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
-    for name, driver_level in drivers.items():
-        logging.getLogger(name).setLevel(driver_level)
+pytestmark = pytest.mark.usefixtures("restore_cli_logging")
 
 
 def step(store, thread_id: str, token: int, index: int, parent: str | None, *, tenant=None, status=None, origin=None):

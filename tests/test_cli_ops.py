@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,7 +14,6 @@ from typing import Any
 
 import attrs
 import pytest
-import structlog
 from click.testing import CliRunner
 
 from threadloom import (
@@ -27,7 +25,6 @@ from threadloom import (
     EventDraft,
     StaleLease,
 )
-from threadloom.cli.logs import DRIVER_LOGGERS
 from threadloom.cli.main import cli
 from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE
 
@@ -35,18 +32,7 @@ TTL = timedelta(seconds=30)
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    root = logging.getLogger()
-    level = root.level
-    drivers = {name: logging.getLogger(name).level for name in DRIVER_LOGGERS}
-    yield
-    structlog.reset_defaults()
-    for handler in [h for h in root.handlers if h.get_name() == "threadloom-cli"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
-    for name, driver_level in drivers.items():
-        logging.getLogger(name).setLevel(driver_level)
+pytestmark = pytest.mark.usefixtures("restore_cli_logging")
 
 
 @attrs.define
