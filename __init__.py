@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "ManualClock": "threadloom.domain.clock",
     "EntryStatus": "threadloom.domain.queue",
     "Lease": "threadloom.domain.queue",
+    "PurgePage": "threadloom.domain.queue",
     "QueueEntry": "threadloom.domain.queue",
     # stores (persistence)
     "Checkpointer": "threadloom.persistence.base",
@@ -120,7 +121,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         ThreadloomError,
         ValidationError,
     )
-    from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+    from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
     from threadloom.domain.values import (
         BusyHolder,
         Checkpoint,

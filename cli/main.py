@@ -1,6 +1,7 @@
 """The ``threadloom`` command: read and sweep a store from a terminal or a script.
 
-Usage: ``threadloom [--store URL] [--json] [--log-level LEVEL] COMMAND ...``. The store URL defaults to
+Usage: ``threadloom [--store URL] [--json] [--log-level LEVEL] COMMAND ...``; the three global options may also
+follow the command name (``threadloom threads --json``). The store URL defaults to
 ``$THREADLOOM_STORE``, else ``sqlite:///threadloom.db`` (a file in the working directory). Every command prints
 rich tables on stdout, or, with ``--json``, one JSON document (``events --follow``: one JSON object per line).
 
@@ -83,6 +84,18 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     ),
     "history": LazyCommand("threadloom.cli.read:history", "List THREAD's checkpoints, newest first."),
     "events": LazyCommand("threadloom.cli.read:events", "Print THREAD's numbered events after --after, oldest first."),
+    "queue": LazyCommand(
+        "threadloom.cli.queue:queue",
+        "See and act on the run queue: list entries, retry a failed one, cancel an open one.",
+    ),
+    "recover": LazyCommand(
+        "threadloom.cli.thread_ops:recover",
+        "Continue THREAD's incomplete run at the node after its last commit, and wait for it to end.",
+    ),
+    "delete": LazyCommand(
+        "threadloom.cli.thread_ops:delete",
+        "Delete THREAD and all its descendants (the runtime's fenced cascade); asks first unless --yes.",
+    ),
     "sweep": LazyCommand(
         "threadloom.cli.sweep:sweep", "Apply a retention policy to every thread of the store, page by page."
     ),
@@ -186,7 +199,7 @@ class ThreadloomGroup(click.Group):
         return code
 
     def _run(self, args: Sequence[str] | None, prog_name: str, complete_var: str | None, extra: Any) -> int:
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = hoist_global_options(list(sys.argv[1:] if args is None else args))
         # --json is known before parsing, so that a parse error is reported as a JSON document as well; the store
         # URL's password too, so that even a parse error never echoes it (read only when there is an error).
         outcome = Outcome(json_output=_argv_wants_json(argv))
@@ -256,6 +269,48 @@ def _library_error(error: Exception) -> tuple[int, str] | None:
     if isinstance(error, errors.ThreadloomError):
         return EXIT_FAILED, type(error).__name__
     return None
+
+
+GLOBAL_OPTIONS = {"--json": False, "--store": True, "--log-level": True}
+"""The group's options (and whether each takes a value), also accepted after the command name."""
+OWN_STORE_OPTION = frozenset({"demo", "simulate"})
+"""Commands with a ``--store`` of their own: after their name, ``--store`` is theirs."""
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """``argv`` with the group's options given after the command name moved before it.
+
+    ``threadloom threads --json --store URL`` then means ``threadloom --json --store URL threads``. Nothing after
+    a ``--`` moves, and ``--store`` stays with the commands that have their own (:data:`OWN_STORE_OPTION`).
+    """
+    index = 0
+    while index < len(argv):  # the group's own options, up to the command name
+        arg = argv[index]
+        if arg == "--" or not arg.startswith("-"):
+            break
+        index += 2 if GLOBAL_OPTIONS.get(arg) else 1
+    if index >= len(argv) or argv[index] == "--":
+        return argv
+    command = argv[index]
+    head, tail, moved = argv[: index], [command], []
+    rest = argv[index + 1 :]
+    position = 0
+    while position < len(rest):
+        arg = rest[position]
+        if arg == "--":
+            tail.extend(rest[position:])
+            break
+        name = arg.partition("=")[0]
+        if name in GLOBAL_OPTIONS and not (name == "--store" and command in OWN_STORE_OPTION):
+            if GLOBAL_OPTIONS[name] and "=" not in arg and position + 1 < len(rest):
+                moved.extend(rest[position : position + 2])
+                position += 2
+                continue
+            moved.append(arg)
+        else:
+            tail.append(arg)
+        position += 1
+    return head + moved + tail
 
 
 def _argv_wants_json(argv: Sequence[str]) -> bool:
@@ -337,4 +392,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.main(args=argv, prog_name="threadloom")
 
 
-__all__ = ["LAZY_COMMANDS", "LOG_LEVELS", "LOG_LEVEL_ENV", "LazyCommand", "ThreadloomGroup", "cli", "main"]
+__all__ = [
+    "GLOBAL_OPTIONS",
+    "LAZY_COMMANDS",
+    "LOG_LEVELS",
+    "LOG_LEVEL_ENV",
+    "OWN_STORE_OPTION",
+    "LazyCommand",
+    "ThreadloomGroup",
+    "cli",
+    "hoist_global_options",
+    "main",
+]

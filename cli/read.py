@@ -10,7 +10,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import attrs
 import click
@@ -35,9 +36,11 @@ from threadloom.cli.output import (
     summary_json,
     time_cell,
 )
+from threadloom.cli.queue import age_text, entry_json, entry_state
 from threadloom.domain import rules
 from threadloom.domain.errors import CancelledError, ReplayUnavailable
-from threadloom.domain.values import Checkpoint, EventRecord, ThreadQuery, ThreadStatus, ThreadSummary
+from threadloom.domain.queue import EntryStatus, QueueEntry
+from threadloom.domain.values import Checkpoint, EventRecord, RunClaim, ThreadQuery, ThreadStatus, ThreadSummary
 from threadloom.persistence.base import Checkpointer
 
 FOLLOW_WAIT = timedelta(seconds=5)
@@ -46,6 +49,8 @@ FOLLOW_PAGE = 1000
 """At most this many events per read of ``events --follow``."""
 FOLLOW_STOP_GRACE_S = 3.0
 """After Ctrl-C, how long ``events --follow`` waits (seconds) for the store's wait to end before exiting."""
+QUEUE_SCAN_PAGES = 10
+"""``show`` looks for the open run-queue entries naming the thread in at most this many pages of 1000."""
 REGISTRY_SCAN_PAGES = 10
 """``show`` looks for the thread's registry row in at most this many pages of 1000 of its tenant's threads."""
 
@@ -126,6 +131,45 @@ def _find_in_registry(store: Checkpointer, cp: Checkpoint) -> ThreadSummary | No
     return None
 
 
+def _open_entries_of(store: Checkpointer, thread: str) -> tuple[list[QueueEntry], bool]:
+    """The open run-queue entries naming ``thread`` among the first :data:`QUEUE_SCAN_PAGES` pages of open
+    entries, and whether that was all of them."""
+    queue = getattr(store, "queue", None)
+    if queue is None:
+        return [], True
+    found: list[QueueEntry] = []
+    after = 0
+    for _ in range(QUEUE_SCAN_PAGES):
+        page = queue.entries(limit=rules.MAX_PAGE, after=after, status=EntryStatus.OPEN)
+        found.extend(e for e in page if e.thread_id == thread)
+        if len(page) < rules.MAX_PAGE:
+            return found, True
+        after = page[-1].entry_id
+    return found, False
+
+
+def _claim_live(claim: RunClaim, summary: ThreadSummary | None) -> str:
+    """``live``/``expired`` as the store judged it (its registry row), else by this host's clock."""
+    if summary is not None:
+        return "live" if summary.status is ThreadStatus.RUNNING else "expired"
+    return ("live" if datetime.now(UTC) < claim.expires_at else "expired") + " (by this host's clock)"
+
+
+def _claim_json(claim: RunClaim | None, summary: ThreadSummary | None) -> dict[str, Any] | None:
+    if claim is None:
+        return None
+    return {"holder": claim.holder, "token": claim.token, "expires_at": claim.expires_at.isoformat(),
+            "tenant_id": claim.tenant_id, "state": _claim_live(claim, summary)}
+
+
+def _claim_cell(claim: RunClaim | None, summary: ThreadSummary | None) -> Text:
+    if claim is None:
+        return Text("none (no run holds it)", style="dim")
+    expires = claim.expires_at.isoformat(sep=" ", timespec="seconds")
+    return cell(f"{claim.holder} (token {claim.token}), expires {expires} by the store's clock: "
+                f"{_claim_live(claim, summary)}")
+
+
 def _unknown_thread(state: CliState, thread_id: str) -> CliError:
     return CliError(f"unknown thread {thread_id!r}: it has no checkpoint in {state.safe_url}", kind="UnknownThread")
 
@@ -136,8 +180,8 @@ def _unknown_thread(state: CliState, thread_id: str) -> CliError:
 def show(ctx: click.Context, thread: str) -> None:
     """Show THREAD's latest checkpoint, its pending writes and its registry row.
 
-    The store interface has no read of claims: a registry status of 'running' means a live claim holds the
-    thread. Child threads (spawned by another thread) are not in the registry.
+    Also the claim that holds it (its holder and expiry by the store's clock, live or expired) and the open
+    run-queue entries naming it. Child threads (spawned by another thread) are not in the registry.
     """
     state = state_of(ctx)
     store = state.store(read_only=True)
@@ -145,7 +189,11 @@ def show(ctx: click.Context, thread: str) -> None:
     if stored is None:
         raise _unknown_thread(state, thread)
     cp = stored.checkpoint
-    notes = ["claims: the store interface has no claim read; registry status 'running' means a live claim holds it"]
+    notes: list[str] = []
+    claim = store.current_claim(thread)
+    entries, scanned_all = _open_entries_of(store, thread)
+    if not scanned_all:
+        notes.append(f"queue: only the first {QUEUE_SCAN_PAGES * rules.MAX_PAGE} open entries were searched")
     summary = None
     if cp.origin is not None:
         notes.append(f"registry: a child thread (of {cp.origin.parent_thread!r}) is not listed in the registry")
@@ -155,6 +203,7 @@ def show(ctx: click.Context, thread: str) -> None:
             notes.append(
                 f"registry: not among the newest {REGISTRY_SCAN_PAGES * ThreadQuery.MAX_LIMIT} threads of its tenant"
             )
+    now = datetime.now(UTC)
     if state.json_output:
         state.emit(
             {
@@ -162,6 +211,8 @@ def show(ctx: click.Context, thread: str) -> None:
                 "checkpoint": checkpoint_json(cp),
                 "pending_writes": [pending_write_json(pw) for pw in stored.pending_writes],
                 "registry": None if summary is None else summary_json(summary),
+                "claim": _claim_json(claim, summary),
+                "queue_entries": [entry_json(e, now) for e in entries],
                 "notes": notes,
             }
         )
@@ -173,6 +224,7 @@ def show(ctx: click.Context, thread: str) -> None:
         ("thread", cell(thread)),
         ("status", cell(summary.status.value) if summary is not None else Text("(not in the registry)", style="dim")),
         ("updated at", time_cell(summary.updated_at) if summary is not None else Text("")),
+        ("claim", _claim_cell(claim, summary)),
         ("checkpoint", cell(cp.id)),
         ("parent", cell(cp.parent)),
         ("checkpoint status", cell(cp.status.value)),
@@ -200,6 +252,15 @@ def show(ctx: click.Context, thread: str) -> None:
         state.out.print(writes)
     else:
         state.out.print(Text("no pending writes", style="dim"))
+    if entries:
+        table = new_table(f"open run-queue entries of {thread!r}", "entry", "graph", "state", "tries", "lease", "age")
+        for e in entries:
+            lease = f"{e.leased_by} until {e.lease_expires_at:%H:%M:%S}" if e.lease_expires_at and e.leased_by else ""
+            table.add_row(cell(e.entry_id), cell(e.graph_id), cell(entry_state(e, now)), cell(e.attempts),
+                          cell(lease), cell(age_text(now - e.enqueued_at)))
+        state.out.print(table)
+    else:
+        state.out.print(Text("no open run-queue entry names it", style="dim"))
     for note in notes:
         state.out.print(cell(note, style="dim"))
 
@@ -228,11 +289,14 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
     """List THREAD's checkpoints, newest first."""
     state = state_of(ctx)
     store = state.store(read_only=True)
-    items = _history(store, thread, limit, before)
+    items = _history(store, thread, limit + 1, before)
+    more = len(items) > limit
+    items = items[:limit]
     if not items and before is None and store.latest(thread) is None:
         raise _unknown_thread(state, thread)
+    next_before = items[-1].id if more else None
     if state.json_output:
-        state.emit({"thread_id": thread, "checkpoints": [checkpoint_json(cp) for cp in items]})
+        state.emit({"thread_id": thread, "checkpoints": [checkpoint_json(cp) for cp in items], "next": next_before})
         return
     table = new_table(
         f"history of {thread!r}, newest first", "checkpoint", "parent", "status", "run", "token", "created at"
@@ -243,6 +307,8 @@ def history(ctx: click.Context, thread: str, limit: int, before: str | None) -> 
             time_cell(cp.created_at),
         )
     state.out.print(table)
+    if next_before is not None:
+        state.out.print(Text(f"more follow: --before {next_before}", style="dim"))
 
 
 # -- events ------------------------------------------------------------------------------------------------------------
@@ -387,12 +453,17 @@ def _print_events(
 
         follow_events(store, thread, after, limit, deliver)
         return
-    items = _read_events(store, thread, after, 100 if limit is None else limit)
+    want = 100 if limit is None else limit
+    items = _read_events(store, thread, after, want + 1)
+    more = len(items) > want
+    items = items[:want]
     if not items and after == 0 and store.latest(thread) is None:
         raise _unknown_thread(state, thread)
+    next_after = items[-1].seq if more else None
     if state.json_output:
         last = items[-1].seq if items else after
-        state.emit({"thread_id": thread, "events": [event_json(ev) for ev in items], "last_seq": last})
+        state.emit({"thread_id": thread, "events": [event_json(ev) for ev in items], "last_seq": last,
+                    "next": next_after})
         return
     table = new_table(
         f"events of {thread!r} after {after}", "seq", "type", "run", "token", "node", "timestamp", "payload"
@@ -403,6 +474,8 @@ def _print_events(
             time_cell(ev.timestamp), json_cell(ev.payload),
         )
     state.out.print(table)
+    if next_after is not None:
+        state.out.print(Text(f"more follow: --after {next_after}", style="dim"))
 
 
 __all__ = [

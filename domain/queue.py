@@ -101,3 +101,19 @@ class Lease:
     def entry_id(self) -> int:
         """The leased entry's id."""
         return self.entry.entry_id
+
+
+@attrs.frozen(kw_only=True)
+class PurgePage:
+    """What one :meth:`RunQueue.purge` call did, over one page of entries in ``entry_id`` order.
+
+    Attributes:
+        visited: how many entries the page read (open ones included; at most the call's ``limit``).
+        purged: the ids of the finished entries it deleted, ascending.
+        next: pass it as ``after`` to purge the next page; None once the page read fewer than the call's
+            ``limit`` entries (the end of the queue).
+    """
+
+    visited: int
+    purged: tuple[int, ...] = ()
+    next: int | None = None

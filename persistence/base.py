@@ -85,9 +85,9 @@ def check_commit(thread_id: str, commit: Any, max_json_size: int | None = None) 
 
 
 OPERATIONS: tuple[str, ...] = (
-    "claim", "renew", "release", "commit", "latest", "checkpoint", "history", "children", "events_after",
-    "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep", "threads",
-    "incomplete",
+    "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "children",
+    "events_after", "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep",
+    "threads", "incomplete",
 )
 """The public methods of the contract, in the order :class:`Checkpointer` declares them (the forwarding base,
 the metered store and the contract suite all iterate over this one list)."""
@@ -170,6 +170,17 @@ class Checkpointer(abc.ABC):
 
         A token that is not the thread's current claim changes nothing: a run that lost its claim never
         releases its successor's. Releasing again is safe.
+        """
+
+    @abc.abstractmethod
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        """The claim the store holds on ``thread_id`` now, live or expired; None when it holds none.
+
+        None for a thread never claimed, whose claim was released, or that was deleted (a delete ends the
+        claim). A claim past ``expires_at`` that nobody released or replaced is returned as it is: whether it
+        is live is judged by the store's clock, against ``expires_at`` (``ThreadSummary.status`` is ``RUNNING``
+        while it is). For operators: it names the holder and its tenant whoever asks (reads check no tenant),
+        and ``taken_over_from`` is None (the store keeps no record of the claim a takeover replaced).
         """
 
     # -- commits -------------------------------------------------------------------------------------------------
@@ -440,6 +451,15 @@ class StoreBase(SlowCalls, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("release", thread_id, started)
 
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        v.check_id("thread_id", thread_id)
+        started = self._begin("current_claim")
+        try:
+            return self._current_claim(thread_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("current_claim", thread_id, started)
+
     # -- commits -------------------------------------------------------------------------------------------------
 
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
@@ -618,6 +638,31 @@ class StoreBase(SlowCalls, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("sweep", None, started)
 
+    def preview_sweep(self, policy: SweepPolicy, *, after: str | None = None) -> SweepPage:
+        """What ``sweep(policy, None, after=after)`` would do now, with nothing changed: a dry run of one page.
+
+        The page is swept by the store's own code inside a transaction that is then rolled back, so the answer
+        is exact for the moment of the call (open queue entries protect their runs as in a real sweep; there
+        is no guard). It takes the write lock as a sweep does (SQLite: the file's write lock; PostgreSQL: the
+        page's thread rows) for the length of the call, so it needs a store opened for writing. Not part of the
+        ``Checkpointer`` contract: the in-memory store cannot preview.
+
+        Returns:
+            The page a sweep would return: visited, would be pruned, would be reclaimed, and ``next``.
+
+        Raises:
+            ValidationError: a bad ``policy`` or ``after``.
+            ProcessingError: the store cannot preview, is closed or read-only, or the storage failed; nothing
+                changed either way, so retrying is safe.
+        """
+        _instance("policy", policy, SweepPolicy)
+        v.check_optional_id("after", after)
+        self._ensure_open("preview_sweep")
+        return self._preview_sweep(policy, after)
+
+    def _preview_sweep(self, policy: SweepPolicy, after: str | None) -> SweepPage:
+        raise ProcessingError("preview_sweep", f"{type(self).__name__} cannot preview a sweep; nothing changed")
+
     def threads(self, query: ThreadQuery) -> ThreadPage:
         _instance("query", query, ThreadQuery)
         started = self._begin("threads")
@@ -649,6 +694,9 @@ class StoreBase(SlowCalls, Checkpointer):
 
     @abc.abstractmethod
     def _release(self, thread_id: str, token: int) -> None: ...
+
+    @abc.abstractmethod
+    def _current_claim(self, thread_id: str) -> RunClaim | None: ...
 
     @abc.abstractmethod
     def _commit(self, thread_id: str, commit: EncodedCommit) -> list[EventRecord]:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from threadloom.domain.errors import StoreClosed, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -126,6 +126,9 @@ class ForwardingCheckpointer(Checkpointer):
 
     def release(self, thread_id: str, token: int) -> None:
         return self._forward("release", thread_id, token)
+
+    def current_claim(self, thread_id: str) -> RunClaim | None:
+        return self._forward("current_claim", thread_id)
 
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
         return self._forward("commit", thread_id, commit)
@@ -256,6 +259,12 @@ class ForwardingRunQueue(RunQueue):
 
     def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
         return self._forward("release_lease", entry_id, attempt, delay=delay)
+
+    def take_lease(self, entry_id: int, holder: str, ttl: timedelta, *, force: bool = False) -> Lease | None:
+        return self._forward("take_lease", entry_id, holder, ttl, force=force)
+
+    def purge(self, older_than: timedelta, *, limit: int = 100, after: int | None = None) -> PurgePage:
+        return self._forward("purge", older_than, limit=limit, after=after)
 
     def entry(self, entry_id: int) -> QueueEntry | None:
         return self._forward("entry", entry_id)

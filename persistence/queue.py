@@ -29,6 +29,9 @@ The rules every queue shares:
 4. **Retention.** While an entry is open, the store's ``prune`` and ``sweep`` keep the newest checkpoint each run
    it recorded committed, whatever the policy or sweep guard says.
 5. **Bounds.** Every call touches a bounded number of rows through an index; lists are paged.
+6. **Operators.** :meth:`RunQueue.take_lease` leases one named entry (an operator's cancel: take it, then
+   finish it ``FAILED``; see :func:`cancel_entry`), and :meth:`RunQueue.purge` deletes finished entries once
+   they are old enough (the retention of the queue; open entries are never purged).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreClosed, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.persistence.logs import SlowCalls
 
 MAX_ERROR_LENGTH = 4000
@@ -178,6 +181,54 @@ class RunQueue(abc.ABC):
 
         Raises:
             ValidationError, ProcessingError: as :meth:`lease`.
+        """
+
+    @abc.abstractmethod
+    def take_lease(self, entry_id: int, holder: str, ttl: timedelta, *, force: bool = False) -> Lease | None:
+        """Leases the entry ``entry_id`` itself for ``holder`` until ``ttl`` from now, by the store's clock.
+
+        For an operator who acts on one entry (cancelling it: :func:`cancel_entry`), not for a worker: it
+        ignores ``available_at``, the graph kind and the thread's order of entries. Like :meth:`lease` it
+        numbers a new ``attempt``, which fences the previous holder (its renewals, run records and finish
+        raise ``StaleLease`` from now on); the holder it replaced is named in ``taken_over_from``.
+
+        Args:
+            entry_id: the entry to lease.
+            holder: who leases (recorded as ``leased_by``).
+            ttl: how long the lease lives (> 0).
+            force: also replace a live lease (``now < lease_expires_at``); without it a live lease is left alone.
+
+        Returns:
+            The lease; None (nothing changed) when the entry is unknown, finished, or held by a live lease
+            and ``force`` is False. Read :meth:`entry` to tell which.
+
+        Raises:
+            ValidationError: a bad ``entry_id``, ``holder`` or ``ttl``; nothing changed.
+            ProcessingError: the storage failed or the store is closed. A retry after an unknown outcome may
+                take a second lease (its own first one is then the fenced one).
+        """
+
+    @abc.abstractmethod
+    def purge(self, older_than: timedelta, *, limit: int = 100, after: int | None = None) -> PurgePage:
+        """Deletes finished entries (``COMPLETED`` or ``FAILED``) that finished at least ``older_than`` ago.
+
+        One page: it reads the ``limit`` entries with ``entry_id > after`` in ``entry_id`` order and deletes
+        those of them that are finished and old enough, by the store's clock (``finished_at <= now -
+        older_than``), with their recorded RunIds. Open entries are never deleted, and an entry id is never
+        reused. Purge the whole queue by passing each page's ``next`` as ``after`` until it is None.
+
+        Args:
+            older_than: how long a finished entry is kept after it finished (> 0).
+            limit: entries read by this call (1..1000).
+            after: start after this entry id (None: from the first).
+
+        Returns:
+            The page: entries visited, ids deleted (ascending), and the cursor of the next page (None once a
+            page read fewer than ``limit`` entries: the end).
+
+        Raises:
+            ValidationError: a bad ``older_than``, ``limit`` or ``after``; nothing deleted.
+            ProcessingError: the storage failed or the store is closed. Retrying is safe.
         """
 
     # -- reads ------------------------------------------------------------------------------------------------
@@ -320,6 +371,31 @@ class QueueBase(SlowCalls, RunQueue):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("release_lease", None, started)
 
+    def take_lease(self, entry_id: int, holder: str, ttl: timedelta, *, force: bool = False) -> Lease | None:
+        _entry_id("entry_id", entry_id)
+        v.check_id("holder", holder)
+        v.check_positive_duration("ttl", ttl)
+        if not isinstance(force, bool):
+            raise ValidationError("force", ("must be True or False",))
+        started = self._begin("take_lease")
+        try:
+            return self._take_lease(entry_id, holder, ttl, force)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("take_lease", None, started)
+
+    def purge(self, older_than: timedelta, *, limit: int = 100, after: int | None = None) -> PurgePage:
+        v.check_positive_duration("older_than", older_than)
+        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        if after is not None:
+            v.check_int("after", after, low=0)
+        started = self._begin("purge")
+        try:
+            return self._purge(older_than, limit, after or 0)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("purge", None, started)
+
     # -- reads ------------------------------------------------------------------------------------------------
 
     def entry(self, entry_id: int) -> QueueEntry | None:
@@ -385,6 +461,12 @@ class QueueBase(SlowCalls, RunQueue):
     def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None: ...
 
     @abc.abstractmethod
+    def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None: ...
+
+    @abc.abstractmethod
+    def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage: ...
+
+    @abc.abstractmethod
     def _entry(self, entry_id: int) -> QueueEntry | None: ...
 
     @abc.abstractmethod
@@ -396,6 +478,51 @@ class QueueBase(SlowCalls, RunQueue):
 
 MAX_RUNS_PER_ENTRY = 1000
 """Most RunIds one entry records; an entry that reached it is a ``ValidationError`` on ``record_run``."""
+
+
+QUEUE_OPERATIONS: tuple[str, ...] = (
+    "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "take_lease", "entry", "entries",
+    "open_runs", "purge",
+)
+"""The public methods of :class:`RunQueue` (the forwarding base and the metered queue iterate over this list)."""
+
+CANCEL_LEASE_TTL = timedelta(seconds=30)
+"""How long :func:`cancel_entry`'s own lease lives: if the cancel fails half-way, a worker may lease the entry
+again this long after."""
+
+
+def cancel_entry(
+    queue: RunQueue, entry_id: int, *, holder: str, reason: str = "cancelled", force: bool = False
+) -> QueueEntry | None:
+    """Finishes the open entry ``entry_id`` ``FAILED`` with ``reason``, fenced like any attempt.
+
+    It takes a lease on the entry (:meth:`RunQueue.take_lease`, as ``holder``), then finishes it with that
+    lease's attempt, so a worker holding an older lease can no longer renew, record or finish it
+    (``StaleLease``: ``GraphRuntime.serve`` then cancels its run at the next step). A run already admitted on the
+    thread is not undone: the thread keeps what it committed.
+
+    Args:
+        queue: the run queue.
+        entry_id: the entry to cancel.
+        holder: who cancels (recorded as the lease's holder).
+        reason: the entry's ``error`` text once cancelled.
+        force: also cancel an entry a live lease holds (a worker is running it); without it such an entry is
+            left alone.
+
+    Returns:
+        The cancelled entry; None when nothing changed: the entry is unknown, finished, or (without
+        ``force``) held by a live lease - read :meth:`RunQueue.entry` to tell which.
+
+    Raises:
+        ValidationError: bad arguments; nothing changed.
+        ProcessingError: the storage failed. If the lease was taken but the finish failed, the entry stays
+            open and a worker may lease it again once :data:`CANCEL_LEASE_TTL` has passed; cancelling again is
+            safe.
+    """
+    lease = queue.take_lease(entry_id, holder, CANCEL_LEASE_TTL, force=force)
+    if lease is None:
+        return None
+    return queue.finish(entry_id, lease.attempt, status=EntryStatus.FAILED, error=reason)
 
 
 def queue_of(store: Any) -> RunQueue:
@@ -410,4 +537,13 @@ def queue_of(store: Any) -> RunQueue:
     return queue
 
 
-__all__ = ["MAX_ERROR_LENGTH", "MAX_RUNS_PER_ENTRY", "QueueBase", "RunQueue", "queue_of"]
+__all__ = [
+    "CANCEL_LEASE_TTL",
+    "MAX_ERROR_LENGTH",
+    "MAX_RUNS_PER_ENTRY",
+    "QUEUE_OPERATIONS",
+    "QueueBase",
+    "RunQueue",
+    "cancel_entry",
+    "queue_of",
+]

@@ -21,3 +21,24 @@ settings.load_profile("ci" if os.environ.get("CI") == "true" else "threadloom")
 def clock() -> ManualClock:
     """A manual clock at the harness's start instant."""
     return ManualClock(START)
+
+
+@pytest.fixture
+def restore_cli_logging():
+    """The ``threadloom`` command configures structlog and the root logger; give the next test the defaults back."""
+    import logging
+
+    import structlog
+
+    from threadloom.cli.logs import DRIVER_LOGGERS
+
+    root = logging.getLogger()
+    level = root.level
+    drivers = {name: logging.getLogger(name).level for name in DRIVER_LOGGERS}
+    yield
+    structlog.reset_defaults()
+    for handler in [h for h in root.handlers if h.get_name() == "threadloom-cli"]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+    for name, driver_level in drivers.items():
+        logging.getLogger(name).setLevel(driver_level)

@@ -20,7 +20,7 @@ import structlog
 from click.testing import CliRunner
 
 from threadloom import Checkpoint, CheckpointStatus, ClaimRequest, Commit, EventDraft, PendingWrite
-from threadloom.cli.logs import DRIVER_LOGGERS, configure_logging
+from threadloom.cli.logs import configure_logging
 from threadloom.cli.main import cli
 from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE, printable
 from threadloom.domain.errors import ValidationError
@@ -35,19 +35,7 @@ HOUR = timedelta(hours=1)
 TERMINAL_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """The command configures structlog and the root logger; give the next test the defaults back."""
-    root = logging.getLogger()
-    level = root.level
-    drivers = {name: logging.getLogger(name).level for name in DRIVER_LOGGERS}
-    yield
-    structlog.reset_defaults()
-    for handler in [h for h in root.handlers if h.get_name() == "threadloom-cli"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
-    for name, driver_level in drivers.items():
-        logging.getLogger(name).setLevel(driver_level)
+pytestmark = pytest.mark.usefixtures("restore_cli_logging")
 
 
 def run(*args: str):

@@ -19,7 +19,8 @@ from threadloom.persistence.forwarding import ForwardingCheckpointer, Forwarding
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.persistence.metrics.meter import InMemoryMeter
 from threadloom.persistence.metrics.metered import ERRORS, MeteredCheckpointer
-from threadloom.persistence.queue import QueueBase, RunQueue, queue_of
+from threadloom.persistence.metrics.metered_queue import MeteredRunQueue
+from threadloom.persistence.queue import QUEUE_OPERATIONS, QueueBase, RunQueue, queue_of
 from threadloom.simulations.store import SimQueue, SimStore
 from threadloom.testing.contract import CheckpointerContract, Writer, valid_call
 from threadloom.testing.harness import START, AlternatingCheckpointer, MemoryHarness, wrapping_harness
@@ -186,18 +187,17 @@ def test_the_run_queue_is_declared_on_the_contract_and_shown_through_wrappers():
     assert Checkpointer.queue is None  # a store without one says so
     inner = InMemoryCheckpointer()
     assert inner.queue is not None
-    for store in (ForwardingCheckpointer(inner), MeteredCheckpointer(ForwardingCheckpointer(inner))):
-        assert store.queue is inner.queue and queue_of(store) is inner.queue
+    forwarding = ForwardingCheckpointer(inner)
+    assert forwarding.queue is inner.queue and queue_of(forwarding) is inner.queue
+    metered = MeteredCheckpointer(ForwardingCheckpointer(inner))
+    assert queue_of(metered) is metered.queue and metered.queue.inner is inner.queue  # metered, same queue
     pair = AlternatingCheckpointer(inner, inner)
     assert pair.queue is None  # calls alternate between stores: there is no one queue to show
     with pytest.raises(ValidationError):
         queue_of(pair)
 
 
-QUEUE_WRAPPERS = (ForwardingRunQueue, SimQueue)
-QUEUE_OPERATIONS = (
-    "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "entry", "entries", "open_runs",
-)
+QUEUE_WRAPPERS = (ForwardingRunQueue, SimQueue, MeteredRunQueue)
 
 
 @pytest.mark.parametrize("wrapper", QUEUE_WRAPPERS, ids=lambda cls: cls.__name__)
@@ -247,9 +247,13 @@ def test_every_queue_call_passes_the_seam_once_with_the_callers_arguments_and_is
     assert queue.entry(entry.entry_id) is not None and len(queue.entries(limit=5)) == 1
     queue.finish(entry.entry_id, lease.attempt, error=None)
     queue.release_lease(entry.entry_id, lease.attempt)
+    assert queue.take_lease(entry.entry_id, "op", timedelta(seconds=30)) is None  # finished
+    assert queue.purge(timedelta(seconds=30), limit=5).visited == 1
     assert [op for op, _, _ in queue.seen] == [
         "enqueue", "lease", "renew_lease", "record_run", "open_runs", "entry", "entries", "finish", "release_lease",
+        "take_lease", "purge",
     ]
+    assert {op for op, _, _ in queue.seen} == set(QUEUE_OPERATIONS)
     assert queue.seen[0] == ("enqueue", ("t",), {"graph_id": "g", "input": {"n": 1}, "tenant_id": None,
                                                  "delay": timedelta(0)})
     assert queue.seen[1] == ("lease", ("worker", timedelta(seconds=30)), {"graph_ids": ["g"]})

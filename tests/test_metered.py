@@ -152,6 +152,7 @@ def test_every_metric_is_described_and_every_operation_is_a_public_method():
 def test_every_operation_delegates_and_is_counted_with_its_latency(store: MeteredCheckpointer, clock: ManualClock):
     claim = store.claim("t", ClaimRequest(holder="run-1", ttl=TTL))
     store.renew("t", claim.token, TTL)
+    assert store.current_claim("t").token == claim.token
     records = store.commit(
         "t",
         Commit(
@@ -186,7 +187,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
 
     s = snap(store)
     expected = {
-        "claim": 2, "renew": 1, "release": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
+        "claim": 2, "renew": 1, "release": 1, "current_claim": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
         "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
         "effect": 1, "lookup_run": 1, "prune": 1, "sweep": 1, "threads": 1, "incomplete": 2,
     }
@@ -477,6 +478,47 @@ def test_a_failing_meter_never_changes_a_calls_outcome(clock: ManualClock):
     failed = [entry for entry in logs if entry["event"] == "metrics.failed"]
     assert len(failed) == 1  # logged once, counted always
     assert failed[0]["log_level"] == "warning" and "exporter down" in failed[0]["error"]
+
+
+def test_every_queue_call_is_metered_with_its_outcome(store: MeteredCheckpointer, clock: ManualClock):
+    from threadloom import EntryStatus, StaleLease
+    from threadloom.persistence.metrics.metered_queue import QUEUE_METRICS
+    from threadloom.persistence.queue import QUEUE_OPERATIONS, cancel_entry
+
+    queue = store.queue
+    assert queue is not None and queue.inner is store.inner.queue
+    assert queue.lease("w", TTL) is None
+    a = queue.enqueue("t1", graph_id="g")
+    b = queue.enqueue("t2", graph_id="g")
+    lease = queue.lease("w", TTL)
+    queue.renew_lease(a.entry_id, lease.attempt, TTL)
+    queue.record_run(a.entry_id, lease.attempt, "r1")
+    queue.finish(a.entry_id, lease.attempt)
+    with pytest.raises(StaleLease):
+        queue.finish(a.entry_id, lease.attempt, status=EntryStatus.FAILED)
+    short = queue.lease("w", timedelta(seconds=1))
+    clock.advance(timedelta(seconds=2))
+    assert cancel_entry(queue, b.entry_id, holder="op").status is EntryStatus.FAILED  # took the expired lease over
+    queue.release_lease(b.entry_id, short.attempt)
+    queue.entry(a.entry_id)
+    queue.entries(limit=5)
+    queue.open_runs(["t1"])
+    clock.advance(timedelta(hours=1))
+    assert queue.purge(timedelta(minutes=1)).purged == (a.entry_id, b.entry_id)
+    s = snap(store)
+    for op in QUEUE_OPERATIONS:
+        assert s.counter("threadloom_queue_calls_total", op=op) >= 1, op
+        assert s.histogram("threadloom_queue_call_seconds", op=op).count >= 1, op
+    assert s.counter("threadloom_queue_calls_total", op="finish") == 3
+    assert s.counter("threadloom_queue_errors_total", op="finish", error="StaleLease") == 1
+    assert s.counter("threadloom_queue_leases_total", outcome="none") == 1
+    assert s.counter("threadloom_queue_leases_total", outcome="granted") == 2
+    assert s.counter("threadloom_queue_leases_total", outcome="taken_over") == 1
+    assert s.counter("threadloom_queue_finished_total", status="completed") == 1
+    assert s.counter("threadloom_queue_finished_total", status="failed") == 1
+    assert s.counter("threadloom_queue_purged_total") == 2
+    assert s.counter(CALLS) == 0  # queue calls are not counted as store calls
+    assert {spec.name for spec in QUEUE_METRICS} >= {"threadloom_queue_calls_total", "threadloom_queue_purged_total"}
 
 
 # -- the in-memory meter -------------------------------------------------------------------------------------------

@@ -31,7 +31,10 @@ def test_the_harness_wraps_every_store_and_meters_their_calls():
         store.latest("t")
         sibling.latest("t")
         assert harness.meter.snapshot().counter("threadloom_store_calls_total", op="latest") == 2
-        assert queue_of(store) is store.inner.queue  # the run queue shows through the wrapper
+        queue = queue_of(store)  # the run queue shows through the wrapper, metered into the same meter
+        assert queue.inner is store.inner.queue
+        queue.entries(limit=1)
+        assert harness.meter.snapshot().counter("threadloom_queue_calls_total", op="entries") == 1
     finally:
         harness.cleanup()
 

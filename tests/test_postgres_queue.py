@@ -645,7 +645,7 @@ def test_a_sweep_keeps_the_guards_runs_and_the_queues_together(harness: PgHarnes
 def test_a_metered_postgres_store_serves_its_queue(harness: PgHarness) -> None:
     inner = harness.open()
     with MeteredCheckpointer(inner) as metered:
-        assert metered.queue is inner.queue
+        assert metered.queue.inner is inner.queue  # metered into the wrapper's meter
         entry = metered.queue.enqueue("t1", graph_id="g")
         lease = metered.queue.lease("w", TTL)
         metered.queue.record_run(entry.entry_id, lease.attempt, "r1")
@@ -653,6 +653,7 @@ def test_a_metered_postgres_store_serves_its_queue(harness: PgHarness) -> None:
         _commit_run(metered, "t1", "r2", r1[-1], 2)
         metered.prune("t1", RetentionPolicy(max_checkpoints=1))
         assert metered.lookup_run("t1", ["r1"]).id == r1[-1]
+        assert metered.meter.snapshot().counter("threadloom_queue_calls_total") == 3
     inner.close()
     assert inner.queue.closed
     for call in (lambda: inner.queue.lease("w", TTL), lambda: inner.queue.entry(entry.entry_id)):

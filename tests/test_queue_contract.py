@@ -25,6 +25,7 @@ from threadloom import (
     InMemoryCheckpointer,
     ManualClock,
     ProcessingError,
+    PurgePage,
     RetentionPolicy,
     RunQueue,
     StaleLease,
@@ -32,7 +33,7 @@ from threadloom import (
     ValidationError,
 )
 from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
-from threadloom.persistence.queue import queue_of
+from threadloom.persistence.queue import cancel_entry, queue_of
 from threadloom.testing.harness import START
 
 TTL = timedelta(seconds=30)
@@ -200,6 +201,13 @@ def test_enqueue_numbers_entries_in_order_and_keeps_the_input(env):
         (lambda q: q.finish(1, 1, error="bad\x00"), "error"),
         (lambda q: q.entries(limit=0), "limit"),
         (lambda q: q.open_runs("t1"), "thread_ids"),
+        (lambda q: q.take_lease(0, "w", TTL), "entry_id"),
+        (lambda q: q.take_lease(1, "", TTL), "holder"),
+        (lambda q: q.take_lease(1, "w", timedelta(0)), "ttl"),
+        (lambda q: q.take_lease(1, "w", TTL, force="yes"), "force"),
+        (lambda q: q.purge(timedelta(0)), "older_than"),
+        (lambda q: q.purge(TTL, limit=0), "limit"),
+        (lambda q: q.purge(TTL, after=-1), "after"),
     ],
 )
 def test_bad_input_is_a_validation_error_naming_the_field(env, call, field):
@@ -424,3 +432,94 @@ def test_sweep_keeps_them_too_whatever_the_guard_says(env):
     queue.finish(entry.entry_id, lease.attempt)
     store.sweep(policy, None)
     assert [cp.id for cp in store.history("t1", limit=10)] == [later[-1]]
+
+
+# -- operators (rule 6) -------------------------------------------------------------------------------------------
+
+
+def test_take_lease_leases_the_named_entry_and_leaves_a_live_lease_alone_unless_forced(env):
+    _store, queue, clock = env
+    first = queue.enqueue("t1", graph_id="g")
+    behind = queue.enqueue("t1", graph_id="g", delay=clock.tick * 50)  # queued behind t1's head, and delayed
+    taken = queue.take_lease(behind.entry_id, "op", TTL)
+    assert taken.entry_id == behind.entry_id and taken.attempt == 1 and taken.holder == "op"
+    assert taken.taken_over_from is None
+    assert queue.take_lease(behind.entry_id, "op2", TTL) is None  # live: left alone
+    assert queue.entry(behind.entry_id).leased_by == "op"
+    forced = queue.take_lease(behind.entry_id, "op2", TTL, force=True)
+    assert forced.attempt == 2 and forced.taken_over_from == "op"
+    with pytest.raises(StaleLease):  # the replaced holder is fenced
+        queue.renew_lease(behind.entry_id, taken.attempt, TTL)
+    assert queue.take_lease(10_000, "op", TTL) is None  # unknown
+    lease = queue.lease("w", TTL)
+    assert lease.entry_id == first.entry_id
+    queue.finish(first.entry_id, lease.attempt)
+    assert queue.take_lease(first.entry_id, "op", TTL, force=True) is None  # finished: nothing changes
+    assert queue.entry(first.entry_id).status is EntryStatus.COMPLETED
+
+
+def test_take_lease_replaces_an_expired_lease_without_force(env):
+    _store, queue, clock = env
+    entry = queue.enqueue("t1", graph_id="g")
+    short = clock.tick * 2
+    queue.lease("w1", short)
+    clock.advance(short * 2 if clock.database_clock else short)
+    taken = queue.take_lease(entry.entry_id, "op", TTL)
+    assert taken.attempt == 2 and taken.taken_over_from == "w1"
+
+
+def test_cancel_entry_finishes_it_failed_and_fences_the_worker_when_forced(env):
+    _store, queue, _clock = env
+    idle = queue.enqueue("t1", graph_id="g")
+    done = cancel_entry(queue, idle.entry_id, holder="op", reason="cancelled by op")
+    assert done.status is EntryStatus.FAILED and done.error == "cancelled by op" and done.attempts == 1
+    busy = queue.enqueue("t2", graph_id="g")
+    after_busy = queue.enqueue("t2", graph_id="g")
+    lease = queue.lease("w", TTL)
+    assert lease.entry_id == busy.entry_id
+    assert cancel_entry(queue, busy.entry_id, holder="op") is None  # a live lease: refused, nothing changed
+    assert queue.entry(busy.entry_id) == lease.entry
+    cancelled = cancel_entry(queue, busy.entry_id, holder="op", force=True)
+    assert cancelled.status is EntryStatus.FAILED and cancelled.attempts == 2
+    for call in (
+        lambda: queue.renew_lease(busy.entry_id, lease.attempt, TTL),
+        lambda: queue.record_run(busy.entry_id, lease.attempt, "r"),
+        lambda: queue.finish(busy.entry_id, lease.attempt),
+    ):
+        with pytest.raises(StaleLease):
+            call()
+    assert queue.lease("w", TTL).entry_id == after_busy.entry_id  # the thread's next entry is its head now
+    assert cancel_entry(queue, cancelled.entry_id, holder="op", force=True) is None  # finished already
+
+
+def test_purge_deletes_finished_entries_old_enough_page_by_page(env):
+    _store, queue, clock = env
+    entries = [queue.enqueue(f"t{i}", graph_id="g") for i in range(5)]
+    for entry in entries[:3]:  # t0..t2 finished (one FAILED), t3 leased, t4 open
+        lease = queue.lease("w", TTL)
+        queue.record_run(entry.entry_id, lease.attempt, f"r{entry.entry_id}")
+        queue.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED if entry is entries[1] else EntryStatus.COMPLETED)
+    queue.lease("w", TTL)
+    keep = clock.tick * 3
+    first = queue.purge(keep, limit=2)  # nothing old enough yet
+    assert first.purged == () and first.visited == 2 and first.next == entries[1].entry_id
+    assert len(queue.entries(limit=10)) == 5
+    clock.advance(keep)
+    late = queue.enqueue("t9", graph_id="g")
+    lease = queue.lease("w", TTL, graph_ids=["g"])
+    assert lease.entry_id == entries[4].entry_id
+    lease9 = queue.lease("w", TTL)
+    queue.finish(late.entry_id, lease9.attempt)  # finished just now: kept
+    page = queue.purge(keep, limit=2)
+    assert page.purged == (entries[0].entry_id, entries[1].entry_id) and page.next == entries[1].entry_id
+    page = queue.purge(keep, limit=2, after=page.next)
+    assert page.purged == (entries[2].entry_id,) and page.visited == 2
+    page = queue.purge(keep, limit=2, after=page.next)
+    assert page.purged == () and page.visited == 2
+    page = queue.purge(keep, limit=2, after=page.next)
+    assert page == PurgePage(visited=0, purged=(), next=None)
+    assert [e.entry_id for e in queue.entries(limit=10)] == [entries[3].entry_id, entries[4].entry_id, late.entry_id]
+    assert queue.entry(entries[0].entry_id) is None
+    assert queue.open_runs(["t0", "t3"]) == {}
+    again = queue.enqueue("t0", graph_id="g")
+    assert again.entry_id > late.entry_id  # ids are never reused

@@ -460,7 +460,7 @@ def test_prune_and_sweep_keep_what_an_entry_of_another_store_recorded(path: str,
 def test_a_metered_sqlite_store_serves_its_queue(path: str, clock: ManualClock) -> None:
     inner = SqliteCheckpointer.open(path, clock=clock)
     with MeteredCheckpointer(inner) as metered:
-        assert metered.queue is inner.queue
+        assert metered.queue.inner is inner.queue  # metered into the wrapper's meter
         entry = metered.queue.enqueue("t1", graph_id="g")
         lease = metered.queue.lease("w", TTL)
         metered.queue.record_run(entry.entry_id, lease.attempt, "r1")
@@ -468,6 +468,9 @@ def test_a_metered_sqlite_store_serves_its_queue(path: str, clock: ManualClock) 
         _commit_run(metered, "t1", "r2", r1[-1], 2)
         metered.prune("t1", RetentionPolicy(max_checkpoints=1))
         assert metered.lookup_run("t1", ["r1"]).id == r1[-1]
+        snapshot = metered.meter.snapshot()
+        assert snapshot.counter("threadloom_queue_calls_total") == 3
+        assert snapshot.counter("threadloom_queue_leases_total", outcome="granted") == 1
     inner.close()
     assert inner.queue.closed
 

@@ -15,7 +15,7 @@ import attrs
 
 from threadloom.domain import rules
 from threadloom.domain.errors import StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.clock import read_clock
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
@@ -182,6 +182,33 @@ class InMemoryRunQueue(QueueBase):
             row.leased_by = None
             row.lease_expires_at = None
             row.available_at = now + delay
+
+    def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:
+        with self._store._lock:
+            row = self._rows.get(entry_id)
+            if row is None or row.status is not EntryStatus.OPEN:
+                return None
+            now = self._now()
+            live = row.lease_expires_at is not None and rules.claim_is_live(row.lease_expires_at, now)
+            if live and not force:
+                return None
+            previous = row.leased_by
+            row.attempts += 1
+            row.leased_by = holder
+            row.lease_expires_at = now + ttl
+            return self._lease_value(row.value(), previous)
+
+    def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
+        with self._store._lock:
+            cutoff = self._now() - older_than
+            page = [entry_id for entry_id in sorted(self._rows) if entry_id > after][:limit]
+            purged = []
+            for entry_id in page:
+                row = self._rows[entry_id]
+                if row.status is not EntryStatus.OPEN and row.finished_at is not None and row.finished_at <= cutoff:
+                    del self._rows[entry_id]
+                    purged.append(entry_id)
+            return PurgePage(visited=len(page), purged=tuple(purged), next=page[-1] if len(page) == limit else None)
 
     def _entry(self, entry_id: int) -> QueueEntry | None:
         with self._store._lock:

@@ -217,6 +217,15 @@ class InMemoryCheckpointer(StoreBase):
                 tenant_id=claim.tenant_id,
             )
 
+    def _current_claim(self, thread_id: str) -> RunClaim | None:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            claim = row.claim if row is not None else None
+            if claim is None:
+                return None
+            return RunClaim(thread_id=thread_id, holder=claim.holder, token=claim.token,
+                            expires_at=claim.expires_at, tenant_id=claim.tenant_id)
+
     def _release(self, thread_id: str, token: int) -> None:
         with self._lock:
             row = self._rows.get(thread_id)

@@ -44,6 +44,9 @@ metric                                      kind       labels          what
 ``history``, ``children``, ``events_after``, ``await_events_after``, ``compact_events``, ``delete_thread``,
 ``effect``, ``lookup_run``, ``prune``, ``sweep``, ``threads``, ``incomplete``.
 
+The store's run queue, ``metered.queue``, is metered too, into the same meter: see
+:mod:`threadloom.persistence.metrics.metered_queue` (``threadloom_queue_calls_total`` and the rest).
+
 A takeover of a claim whose tenant differs from the request's is counted as ``granted``: the store does not
 reveal it to the claimant, so neither does
 the meter.
@@ -66,6 +69,8 @@ from threadloom.persistence.base import OPERATIONS, Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.logs import get_logger as _safe_logger
 from threadloom.persistence.metrics.meter import BoundCounter, InMemoryMeter, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.metered_queue import QUEUE_METRICS, MeteredRunQueue
+from threadloom.persistence.queue import RunQueue
 
 _log = _safe_logger("threadloom.metrics")
 
@@ -165,7 +170,8 @@ class MeteredCheckpointer(ForwardingCheckpointer):
     returns its result or raises its error unchanged (the inner store validates the call; the wrapper does not);
     the metrics of the module docstring are recorded around it. :meth:`await_events_after` is the inner store's
     own, so a store that wakes on commits still wakes when wrapped. Safe to call from any number of threads, as
-    the inner store is. Closing it closes the inner store; :attr:`queue` is the inner store's (not metered).
+    the inner store is. Closing it closes the inner store; :attr:`queue` is the inner store's queue, metered into
+    the same meter (:class:`~threadloom.persistence.metrics.metered_queue.MeteredRunQueue`).
 
     Args:
         inner: the store to meter. The wrapper owns it from now on: :meth:`close` closes it.
@@ -184,7 +190,7 @@ class MeteredCheckpointer(ForwardingCheckpointer):
         self._meter = InMemoryMeter() if meter is None else _check_meter(meter)
         describe = getattr(self._meter, "describe", None)
         if callable(describe):
-            for spec in STORE_METRICS:
+            for spec in (*STORE_METRICS, *QUEUE_METRICS):
                 describe(spec)
         self._failures = 0
         self._failures_lock = threading.Lock()
@@ -216,6 +222,8 @@ class MeteredCheckpointer(ForwardingCheckpointer):
             watched.skew_watch.listeners.append(
                 lambda op, _skew_s: self._extra(skew.get(op) or meter.counter(CLOCK_SKEW, _OP[op]))
             )
+        inner_queue = inner.queue
+        self._queue = None if inner_queue is None else MeteredRunQueue(inner_queue, self._meter, self._meter_failed)
 
     def __repr__(self) -> str:
         return f"MeteredCheckpointer({self._inner!r}, meter={self._meter!r})"
@@ -224,6 +232,11 @@ class MeteredCheckpointer(ForwardingCheckpointer):
     def inner(self) -> Checkpointer:
         """The store every call is delegated to."""
         return self._inner  # type: ignore[return-value]
+
+    @property
+    def queue(self) -> RunQueue | None:  # type: ignore[override]
+        """The inner store's run queue, every call metered into :attr:`meter`; None when it has none."""
+        return self._queue
 
     @property
     def meter(self) -> Meter:

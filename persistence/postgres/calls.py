@@ -253,6 +253,7 @@ class Database:
         *,
         write: bool,
         cancel: threading.Event | None = None,
+        rollback: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Runs one rendered statement as one transaction in one round trip and returns its rows.
 
@@ -264,6 +265,8 @@ class Database:
             write: a write runs READ COMMITTED (on the store's own pool: one prepared statement with binary
                 parameters); a read runs REPEATABLE READ READ ONLY.
             cancel: aborts the call when set (its connection is discarded).
+            rollback: run the statement in a transaction that is rolled back: its rows, nothing changed (a dry
+                run of a write).
 
         Raises:
             ThreadloomError: the mapped failure (see :mod:`~threadloom.persistence.postgres.errors`).
@@ -274,7 +277,15 @@ class Database:
         watch = self.watchdog.enter(conn, time.monotonic() + self.config.deadline_s, cancel)
         answered = False  # the server answered the statement: an error from here on came reading its rows
         try:
-            if write and self.owns_pool:  # one prepared statement: its own implicit transaction
+            if rollback:  # a dry run: the statement's rows, then ROLLBACK
+                cur = self.cursor(conn)
+                with conn.transaction(force_rollback=True):
+                    cur.execute((self._write_prefix if write else self._read_prefix) + statement, params)
+                    answered = True
+                    while cur.nextset():
+                        pass
+                    rows = cur.fetchall()
+            elif write and self.owns_pool:  # one prepared statement: its own implicit transaction
                 binary = self._binary.get(statement)
                 if binary is None:  # binary parameters: bodies are sent as they are, never escaped
                     binary = self._binary[statement] = statement.replace("%s", "%b")

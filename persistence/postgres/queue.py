@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.postgres.calls import as_utc
@@ -82,6 +82,8 @@ class PostgresRunQueue(QueueBase):
                 "Q_ENTRIES",
                 "Q_ENTRIES_OF",
                 "Q_OPEN_RUNS",
+                "Q_TAKE_LEASE",
+                "Q_PURGE",
             )
         }
 
@@ -164,6 +166,23 @@ class PostgresRunQueue(QueueBase):
         delay_us = duration_micros(delay)
         self._db.call(
             "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us), write=True
+        )
+
+    def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:
+        ttl_us = duration_micros(ttl)
+        rows = self._db.call(
+            "take_lease", None, self._sql["Q_TAKE_LEASE"], (holder, ttl_us, entry_id, force), write=True
+        )
+        if not rows:
+            return None  # unknown, finished, or held by a live lease (without force)
+        return self._lease_value(entry_value(rows[0][1:]), rows[0][0])
+
+    def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
+        age_us = duration_micros(older_than)
+        rows = self._db.call("purge", None, self._sql["Q_PURGE"], (after, limit, age_us), write=True)
+        visited, last, purged = rows[0]
+        return PurgePage(
+            visited=visited, purged=tuple(purged or ()), next=last if visited == limit else None
         )
 
     # -- reads ------------------------------------------------------------------------------------------------

@@ -44,6 +44,10 @@ RECORD_VERSION = "INSERT INTO {s}.schema_version (version) VALUES (%s)"
 CLAIM = "SELECT code, token, expires_at, old_holder, old_tenant, latest FROM {s}.tl_claim(%s, %s, %s, %s)"
 RENEW = "SELECT code, current, holder, expires_at, tenant FROM {s}.tl_renew(%s, %s, %s)"
 RELEASE = "SELECT {s}.tl_release(%s, %s)"
+CURRENT_CLAIM = (
+    "SELECT claim_holder, claim_token, claim_expires, claim_tenant FROM {s}.threads "
+    "WHERE thread_id = %s AND claim_token IS NOT NULL"
+)
 COMMIT = (
     "SELECT first_seq, current, fence_current, base, duplicate, latest FROM {s}.tl_commit("
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -75,6 +79,25 @@ Q_ENTRIES = "SELECT " + _Q_COLUMNS + " FROM {s}.run_queue q WHERE q.entry_id > %
 Q_ENTRIES_OF = (
     "SELECT " + _Q_COLUMNS + " FROM {s}.run_queue q WHERE q.status = %s AND q.entry_id > %s "
     "ORDER BY q.entry_id LIMIT %s"
+)
+# take_lease: one UPDATE of the entry's row, locked first (the subquery reads the holder it replaces).
+Q_TAKE_LEASE = (
+    "UPDATE {s}.run_queue AS q SET attempts = q.attempts + 1, leased_by = %s, "
+    "lease_expires_at = clock_timestamp() + %s * interval '1 microsecond' "
+    "FROM (SELECT entry_id, leased_by FROM {s}.run_queue WHERE entry_id = %s FOR UPDATE) AS old "
+    "WHERE q.entry_id = old.entry_id AND q.status = 'open' "
+    "AND (%s OR q.lease_expires_at IS NULL OR q.lease_expires_at <= clock_timestamp()) "
+    "RETURNING old.leased_by, " + _Q_COLUMNS
+)
+# purge: one page of entries by primary key; its finished, old enough entries and their runs deleted. A finished
+# entry is never a thread's head and never changes again, so deleting it needs no lock beyond its row's.
+Q_PURGE = (
+    "WITH page AS (SELECT entry_id FROM {s}.run_queue WHERE entry_id > %s ORDER BY entry_id LIMIT %s), "
+    "gone AS (DELETE FROM {s}.run_queue q USING page WHERE q.entry_id = page.entry_id AND q.status <> 'open' "
+    "AND q.finished_at <= clock_timestamp() - %s * interval '1 microsecond' RETURNING q.entry_id), "
+    "runs AS (DELETE FROM {s}.run_queue_runs r USING gone WHERE r.entry_id = gone.entry_id) "
+    "SELECT (SELECT count(*) FROM page), (SELECT max(entry_id) FROM page), "
+    "ARRAY(SELECT entry_id FROM gone ORDER BY entry_id)"
 )
 Q_OPEN_RUNS = (
     "SELECT q.thread_id, r.run_id FROM {s}.run_queue q JOIN {s}.run_queue_runs r ON r.entry_id = q.entry_id "

@@ -97,8 +97,9 @@ _SEQ_ZERO = '{"seq":0,'
 """How :meth:`EncodedEvent.text` begins for number 0: what ``tl_commit`` writes again with the real number."""
 
 _STATEMENTS = (
-    "CLAIM", "RENEW", "RELEASE", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST", "CHECKPOINT", "HISTORY",
-    "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN", "SWEEP_PAGE",
+    "CLAIM", "RENEW", "RELEASE", "CURRENT_CLAIM", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST",
+    "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN",
+    "SWEEP_PAGE",
 )  # fmt: skip
 
 
@@ -359,6 +360,15 @@ class PostgresCheckpointer(StoreBase):
     def _release(self, thread_id: str, token: int) -> None:
         self._call("release", thread_id, "RELEASE", (thread_id, token), write=True)
 
+    def _current_claim(self, thread_id: str) -> RunClaim | None:
+        rows = self._call("current_claim", thread_id, "CURRENT_CLAIM", (thread_id,), write=False)
+        if not rows:
+            return None
+        holder, token, expires_at, tenant = rows[0]
+        return RunClaim(
+            thread_id=thread_id, holder=holder, token=token, expires_at=as_utc(expires_at), tenant_id=tenant
+        )
+
     # -- commits -----------------------------------------------------------------------------------------------------
 
     def _commit(self, thread_id: str, encoded: EncodedCommit) -> list[EventRecord]:
@@ -545,6 +555,20 @@ class PostgresCheckpointer(StoreBase):
             protected_runs = self._jsonb({key: sorted(runs) for key, runs in protected.items()})
             params = (list(page), protected_runs, *self._policy_params(policy.retention), tombstone_us)
             pruned, reclaimed = (tuple(names) for names in self._call("sweep", None, "SWEEP", params, write=True)[0])
+        return SweepPage(visited=page, pruned=pruned, reclaimed=reclaimed, next=page[-1] if more and page else None)
+
+    def _preview_sweep(self, policy: SweepPolicy, after: str | None) -> SweepPage:
+        rows = self._call("preview_sweep", None, "SWEEP_PAGE", (after or "", policy.batch_size + 1), write=False)
+        ids = [row[0] for row in rows]
+        page = tuple(ids[: policy.batch_size])
+        more = len(ids) > policy.batch_size
+        pruned: tuple[str, ...] = ()
+        reclaimed: tuple[str, ...] = ()
+        if page and (not policy.retention.keeps_everything or policy.tombstone_age is not None):
+            tombstone_us = duration_micros(policy.tombstone_age) if policy.tombstone_age is not None else None
+            params = (list(page), self._jsonb({}), *self._policy_params(policy.retention), tombstone_us)
+            found = self._call("preview_sweep", None, "SWEEP", params, write=True, rollback=True)[0]
+            pruned, reclaimed = (tuple(names) for names in found)
         return SweepPage(visited=page, pruned=pruned, reclaimed=reclaimed, next=page[-1] if more and page else None)
 
     # -- registry ------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import from_micros, to_micros
 from threadloom.domain.errors import StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
@@ -137,6 +137,13 @@ _SQL_Q_OPEN_RUNS = (
     " JOIN run_queue AS q INDEXED BY run_queue_thread ON q.thread_id = j.value AND q.status = 'open'"
     " JOIN run_queue_runs AS r ON r.entry_id = q.entry_id"
 )
+
+# take_lease: the entry's state, then _SQL_Q_LEASE on it.
+_SQL_Q_TAKE_STATE = "SELECT status, leased_by, lease_expires_at FROM run_queue WHERE entry_id = ?"
+# purge: one page of entries by primary key, then each finished, old enough entry and its runs deleted.
+_SQL_Q_PURGE_PAGE = "SELECT entry_id, status, finished_at FROM run_queue WHERE entry_id > ? ORDER BY entry_id LIMIT ?"
+_SQL_Q_PURGE_ENTRY = "DELETE FROM run_queue WHERE entry_id = ? AND status <> 'open'"
+_SQL_Q_PURGE_RUNS = "DELETE FROM run_queue_runs WHERE entry_id = ?"
 
 STATEMENTS: Mapping[str, str] = {name: sql for name, sql in dict(globals()).items() if name.startswith("_SQL_Q_")}
 """Every statement of the queue by name (the tests read their query plans)."""
@@ -348,6 +355,41 @@ class SqliteRunQueue(QueueBase):
             return  # not the current lease: changes nothing, like a claim's release
         available = _later("delay", self._db.now(), delay)
         conn.execute(_SQL_Q_RELEASE, (to_micros(available), entry_id))
+
+    def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:
+        return self._db.write("take_lease", None, self._take_work, entry_id, holder, ttl, force)
+
+    def _take_work(
+        self, conn: sqlite3.Connection, entry_id: int, holder: str, ttl: timedelta, force: bool
+    ) -> Lease | None:
+        row = conn.execute(_SQL_Q_TAKE_STATE, (entry_id,)).fetchone()
+        if row is None or row[0] != EntryStatus.OPEN.value:
+            return None
+        now = self._db.now()
+        if row[2] is not None and to_micros(now) < row[2] and not force:
+            return None  # a live lease holds it
+        expires_at = _later("ttl", now, ttl)
+        conn.execute(_SQL_Q_LEASE, (holder, to_micros(expires_at), entry_id))
+        entry = _read_entry(conn, entry_id)
+        assert entry is not None
+        return self._lease_value(entry, row[1])
+
+    def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
+        return self._db.write("purge", None, self._purge_work, older_than, limit, after)
+
+    def _purge_work(self, conn: sqlite3.Connection, older_than: timedelta, limit: int, after: int) -> PurgePage:
+        now = self._db.now()
+        cutoff = to_micros(now) - (older_than // timedelta(microseconds=1))
+        rows = conn.execute(_SQL_Q_PURGE_PAGE, (after, limit)).fetchall()
+        purged = []
+        for entry_id, status, finished_at in rows:
+            if status != EntryStatus.OPEN.value and finished_at is not None and finished_at <= cutoff:
+                conn.execute(_SQL_Q_PURGE_ENTRY, (entry_id,))
+                conn.execute(_SQL_Q_PURGE_RUNS, (entry_id,))
+                purged.append(entry_id)
+        return PurgePage(
+            visited=len(rows), purged=tuple(purged), next=rows[-1][0] if len(rows) == limit else None
+        )
 
     # -- reads ------------------------------------------------------------------------------------------------
 

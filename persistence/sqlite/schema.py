@@ -121,6 +121,10 @@ CLAIM_WRITE = (
 TOKEN_OF = "SELECT claim_token FROM threads WHERE thread_id = ?"
 RENEW_READ = "SELECT claim_holder, claim_token, claim_tenant FROM threads WHERE thread_id = ?"
 RENEW = "UPDATE threads SET claim_expires = ?, claim_stamped = ? WHERE thread_id = ?"
+CURRENT_CLAIM = (
+    "SELECT claim_holder, claim_token, claim_expires, claim_tenant FROM threads"
+    " WHERE thread_id = ? AND claim_token IS NOT NULL"
+)
 RELEASE_READ = (
     "SELECT claim_token, latest_id, n_pending, metadata, deleted_at, first_seq, next_seq FROM threads"
     " WHERE thread_id = ?"

@@ -113,6 +113,14 @@ def _check_fence(conn: sqlite3.Connection, fence: tuple[str, int] | None) -> Non
 _OPENING = object()
 
 
+class _Previewed(Exception):  # noqa: N818 - not an error: how a previewed sweep rolls its transaction back
+    """Carries a previewed sweep's result out of its write transaction, which the raise rolls back."""
+
+    def __init__(self, result: tuple[list[str], list[str]]) -> None:
+        super().__init__("preview")
+        self.result = result
+
+
 class SqliteCheckpointer(StoreBase):
     """The store contract in one SQLite file; build it with :meth:`open`.
 
@@ -341,6 +349,14 @@ class SqliteCheckpointer(StoreBase):
         expires_at = _expiry("ttl", now, ttl)
         conn.execute(sql.RENEW, (to_micros(expires_at), to_micros(now), thread_id))
         return RunClaim(thread_id=thread_id, holder=row[0], token=token, expires_at=expires_at, tenant_id=row[2])
+
+    def _current_claim(self, thread_id: str) -> RunClaim | None:
+        rows = self._db.fetch_all("current_claim", thread_id, sql.CURRENT_CLAIM, (thread_id,))
+        if not rows:
+            return None
+        holder, token, expires, tenant = rows[0]
+        return RunClaim(thread_id=thread_id, holder=holder, token=token, expires_at=from_micros(expires),
+                        tenant_id=tenant)
 
     def _release(self, thread_id: str, token: int) -> None:
         self._db.write("release", thread_id, self._release_work, thread_id, token)
@@ -600,6 +616,25 @@ class SqliteCheckpointer(StoreBase):
         self, conn: sqlite3.Connection, page: tuple[str, ...], policy: SweepPolicy, protected: dict[str, frozenset[str]]
     ) -> tuple[list[str], list[str]]:
         return retention.sweep(conn, page, policy, protected, self._now_us())
+
+    def _preview_sweep(self, policy: SweepPolicy, after: str | None) -> SweepPage:
+        rows = self._db.fetch_all("preview_sweep", None, sql.SWEEP_PAGE, (after or "", policy.batch_size + 1))
+        ids = [row[0] for row in rows]
+        page = tuple(ids[: policy.batch_size])
+        pruned: list[str] = []
+        reclaimed: list[str] = []
+        if page and (not policy.retention.keeps_everything or policy.tombstone_age is not None):
+            try:
+                self._db.write("preview_sweep", None, self._preview_work, page, policy)
+            except _Previewed as done:  # raised by the work: its transaction rolled back
+                pruned, reclaimed = done.result
+        more = len(ids) > policy.batch_size
+        return SweepPage(
+            visited=page, pruned=tuple(pruned), reclaimed=tuple(reclaimed), next=page[-1] if more and page else None
+        )
+
+    def _preview_work(self, conn: sqlite3.Connection, page: tuple[str, ...], policy: SweepPolicy) -> None:
+        raise _Previewed(retention.sweep(conn, page, policy, {}, self._now_us()))
 
     # -- registry --------------------------------------------------------------------------------------------------
 

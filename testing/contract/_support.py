@@ -301,6 +301,7 @@ def valid_call(method: str, harness: StoreHarness, writer: Writer) -> Callable[[
         "claim": lambda s: s.claim("other", ClaimRequest(holder="r", ttl=harness.tick)),
         "renew": lambda s: s.renew(tid, token, harness.tick),
         "release": lambda s: s.release(tid, token),
+        "current_claim": lambda s: s.current_claim(tid),
         "commit": lambda s: s.commit(
             tid, Commit(token=token, events=[EventDraft(run_id="r", type="e", timestamp=now)])
         ),

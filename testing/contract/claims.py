@@ -154,6 +154,31 @@ class ClaimsContract:
         assert second.taken_over_from is None
         assert second.token > first.token
 
+    def test_current_claim_reads_the_claim_live_or_expired_until_released_replaced_or_deleted(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        assert store.current_claim("t") is None  # never claimed
+        claim = store.claim("t", ClaimRequest(holder="old", ttl=harness.tick * SHORT, tenant_id="acme"))
+        for reader in stores_of(harness, store):  # every store over the storage reads the same claim
+            read = reader.current_claim("t")
+            assert read == claim  # holder, token, expiry (the store's clock), tenant; taken_over_from None
+        harness.advance(harness.tick * PAST_SHORT)
+        assert store.current_claim("t") == claim  # expired but neither released nor replaced: still there
+        newer = store.claim("t", ClaimRequest(holder="new", ttl=harness.tick * LIVE))
+        read = store.current_claim("t")
+        assert read is not None and (read.holder, read.token, read.tenant_id) == ("new", newer.token, None)
+        assert read.expires_at == newer.expires_at and read.taken_over_from is None
+        store.release("t", claim.token)  # a stale release changes nothing
+        assert store.current_claim("t") == read
+        store.release("t", newer.token)
+        assert store.current_claim("t") is None
+        writer = Writer(store, harness, "t2", holder="w", ttl_ticks=LIVE)
+        writer.step("c1", events=1)
+        held = store.current_claim("t2")
+        assert held is not None and held.token == writer.token
+        store.delete_thread("t2", writer.token)
+        assert store.current_claim("t2") is None  # a delete ends the claim
+
     def test_takeover_fences_the_old_holder(self, harness: StoreHarness, store: Checkpointer) -> None:
         old = Writer(store, harness, "t", holder="old", ttl_ticks=SHORT)
         old.step("c1", events=1)

@@ -1,0 +1,253 @@
+"""``threadloom queue list|retry|cancel``: see and act on the store's durable run queue.
+
+``list`` only reads. ``retry`` enqueues a new entry with a failed entry's thread, graph, input and tenant.
+``cancel`` finishes an open entry ``FAILED``, fenced: it leases the entry itself and finishes it with that lease,
+so a worker holding an older lease can renew, record and finish nothing more. Refusals (an unknown entry, an
+entry in the wrong state, a live lease without ``--force``) change nothing and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+from rich.text import Text
+
+from threadloom.cli.output import CliError, CliState, cell, new_table, state_of
+from threadloom.domain import rules
+from threadloom.domain.queue import EntryStatus, QueueEntry
+from threadloom.domain.values import CheckpointStatus
+from threadloom.persistence.queue import RunQueue, cancel_entry, queue_of
+
+STATES = ("open", "leased", "done", "failed")
+"""The choices of ``queue list --state``: open (not finished, leased or not), leased (open and a lease names a
+holder, live or expired), done (completed), failed."""
+
+SCAN_PAGES = 20
+"""``queue list`` with ``--tenant`` or ``--state leased`` reads at most this many pages of 1000 entries to fill its
+page; the cursor it prints then resumes where it stopped."""
+
+CANCEL_REASON = "cancelled by an operator"
+"""The ``error`` text of an entry ``queue cancel`` finished, before the optional ``--reason``."""
+
+
+def _queue(state: CliState, *, read_only: bool) -> RunQueue:
+    store = state.store(read_only=read_only)
+    try:
+        return queue_of(store)
+    except Exception as error:
+        raise CliError(f"the store {state.safe_url!r} has no run queue", kind="ValidationError") from error
+
+
+def entry_state(entry: QueueEntry, now: datetime) -> str:
+    """``open``, ``leased`` (a live lease by ``now``), ``leased (expired)``, ``completed`` or ``failed``."""
+    if entry.status is not EntryStatus.OPEN:
+        return entry.status.value
+    if entry.leased_by is None or entry.lease_expires_at is None:
+        return "open"
+    return "leased" if now < entry.lease_expires_at else "leased (expired)"
+
+
+def age_text(span: timedelta) -> str:
+    """A duration in its two largest units: ``45s``, ``3m12s``, ``2h05m``, ``4d03h``."""
+    seconds = max(0, int(span.total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
+
+
+def entry_json(entry: QueueEntry, now: datetime) -> dict[str, Any]:
+    """An entry as a JSON object (times ISO 8601 by the store's clock; ``state`` as :func:`entry_state`)."""
+    return {
+        "entry_id": entry.entry_id,
+        "thread_id": entry.thread_id,
+        "graph_id": entry.graph_id,
+        "tenant_id": entry.tenant_id,
+        "status": entry.status.value,
+        "state": entry_state(entry, now),
+        "attempts": entry.attempts,
+        "run_ids": list(entry.run_ids),
+        "leased_by": entry.leased_by,
+        "lease_expires_at": _iso(entry.lease_expires_at),
+        "enqueued_at": _iso(entry.enqueued_at),
+        "available_at": _iso(entry.available_at),
+        "finished_at": _iso(entry.finished_at),
+        "error": entry.error,
+        "input": entry.input,
+    }
+
+
+def _matches(entry: QueueEntry, wanted: str | None, tenant: str | None, all_tenants: bool) -> bool:
+    if not all_tenants and entry.tenant_id != tenant:
+        return False
+    return wanted != "leased" or entry.leased_by is not None
+
+
+def list_entries(
+    queue: RunQueue, *, state: str | None, tenant: str | None, all_tenants: bool, limit: int, after: int
+) -> tuple[list[QueueEntry], int | None]:
+    """Up to ``limit`` entries after ``after`` that match, ascending, and the cursor of the next page (or None)."""
+    status = {"open": EntryStatus.OPEN, "leased": EntryStatus.OPEN, "done": EntryStatus.COMPLETED,
+              "failed": EntryStatus.FAILED}.get(state or "")
+    found: list[QueueEntry] = []
+    cursor = after
+    for _ in range(SCAN_PAGES):
+        page = queue.entries(limit=rules.MAX_PAGE, after=cursor, status=status)
+        for entry in page:
+            cursor = entry.entry_id
+            if _matches(entry, state, tenant, all_tenants):
+                found.append(entry)
+                if len(found) == limit:
+                    return found, cursor
+        if len(page) < rules.MAX_PAGE:
+            return found, None
+    return found, cursor
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@click.group(name="queue")
+def queue() -> None:
+    """See and act on the run queue: list entries, retry a failed one, cancel an open one."""
+
+
+@queue.command(name="list")
+@click.option("--state", "wanted", type=click.Choice(STATES, case_sensitive=False), default=None,
+              help="Only entries in this state (leased: open with a lease, live or expired).")
+@click.option("--tenant", default=None, metavar="TENANT", help="Only this tenant's entries.")
+@click.option("--limit", type=click.IntRange(1, rules.MAX_PAGE), default=50, show_default=True,
+              help="Entries per page.")
+@click.option("--after", type=click.IntRange(min=0), default=0, metavar="ENTRY",
+              help="Start after this entry id (the cursor a page prints).")
+@click.pass_context
+def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, limit: int, after: int) -> None:
+    """List run-queue entries, oldest first: thread, graph, attempts and their runs, lease, age.
+
+    Without --tenant it lists every tenant's entries. Ages and lease states are judged by this host's clock
+    against the times the store stamped.
+    """
+    state = state_of(ctx)
+    q = _queue(state, read_only=True)
+    wanted = wanted.lower() if wanted else None
+    items, cursor = list_entries(
+        q, state=wanted, tenant=tenant, all_tenants=tenant is None, limit=limit, after=after
+    )
+    now = _now()
+    if state.json_output:
+        state.emit({"entries": [entry_json(e, now) for e in items], "next": cursor})
+        return
+    title = "run queue" + (f" of tenant {tenant!r}" if tenant is not None else "") + (f", {wanted}" if wanted else "")
+    table = new_table(title, "entry", "thread", "graph", "state", "tries", "runs", "lease", "age")
+    for e in items:
+        lease = ""
+        if e.leased_by is not None and e.lease_expires_at is not None:
+            lease = f"{e.leased_by} until {e.lease_expires_at.astimezone(UTC):%H:%M:%S}"
+        table.add_row(
+            cell(e.entry_id), cell(e.thread_id), cell(e.graph_id), cell(entry_state(e, now)), cell(e.attempts),
+            cell(" ".join(e.run_ids)), cell(lease), cell(age_text(now - e.enqueued_at)),
+        )
+    state.out.print(table)
+    more = f" - more follow: --after {cursor}" if cursor is not None else ""
+    state.out.print(Text(f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}{more}", style="dim"))
+
+
+def _unknown_entry(state: CliState, entry_id: int) -> CliError:
+    return CliError(f"unknown run-queue entry {entry_id} in {state.safe_url}", kind="UnknownEntry")
+
+
+@queue.command()
+@click.argument("entry_id", metavar="ENTRY", type=click.IntRange(min=1))
+@click.pass_context
+def retry(ctx: click.Context, entry_id: int) -> None:
+    """Enqueue a failed ENTRY again: a new entry with its thread, graph, input and tenant.
+
+    Refused (exit 1, nothing written): an unknown entry, an open one (it runs when a worker leases it), a
+    completed one, and a failed one whose run was admitted and is still incomplete on the thread (recover the
+    thread instead, so the input is not admitted twice).
+    """
+    state = state_of(ctx)
+    q = _queue(state, read_only=False)
+    entry = q.entry(entry_id)
+    if entry is None:
+        raise _unknown_entry(state, entry_id)
+    if entry.status is not EntryStatus.FAILED:
+        why = "it is open: a worker runs it when it leases it" if entry.open else "it completed"
+        raise CliError(f"entry {entry_id} is not retried: {why}", kind="InvalidEntryState")
+    store = state.store()
+    admitted = store.lookup_run(entry.thread_id, entry.run_ids) if entry.run_ids else None
+    if admitted is not None:
+        latest = store.latest(entry.thread_id)
+        if latest is not None and latest.checkpoint.status is CheckpointStatus.RUNNING:
+            raise CliError(
+                f"entry {entry_id} is not retried: its run {admitted.run_id!r} was admitted and thread "
+                f"{entry.thread_id!r} is still incomplete; recover it (threadloom recover {entry.thread_id} "
+                "--graph module:attr) so that its input is not admitted twice",
+                kind="InvalidEntryState",
+            )
+    new = q.enqueue(entry.thread_id, graph_id=entry.graph_id, input=entry.input, tenant_id=entry.tenant_id)
+    if state.json_output:
+        state.emit({"retried": entry_id, "entry": entry_json(new, _now())})
+        return
+    state.out.print(cell(f"entry {entry_id} enqueued again as entry {new.entry_id} (thread {entry.thread_id}, "
+                         f"graph {entry.graph_id})"))
+
+
+def cancel_holder() -> str:
+    """The lease holder ``queue cancel`` records: ``threadloom-cli@<host>:<pid>``."""
+    return f"threadloom-cli@{socket.gethostname()}:{os.getpid()}"
+
+
+@queue.command()
+@click.argument("entry_id", metavar="ENTRY", type=click.IntRange(min=1))
+@click.option("--force", is_flag=True, help="Also cancel an entry a worker holds a live lease on (fences it).")
+@click.option("--reason", default=None, metavar="TEXT", help="Added to the entry's error text.")
+@click.pass_context
+def cancel(ctx: click.Context, entry_id: int, force: bool, reason: str | None) -> None:
+    """Cancel the open ENTRY: it is finished FAILED ("cancelled by an operator") and never leased again.
+
+    An entry a live lease holds (a worker is running it) is refused unless --force, which fences the lease: the
+    worker's next renewal fails and it stops the run at its next step (what the run committed stays). Refused
+    (exit 1, nothing changed): an unknown or finished entry, a live lease without --force.
+    """
+    state = state_of(ctx)
+    q = _queue(state, read_only=False)
+    before = q.entry(entry_id)
+    if before is None:
+        raise _unknown_entry(state, entry_id)
+    text = CANCEL_REASON if reason is None else f"{CANCEL_REASON}: {reason}"
+    done = None if not before.open else cancel_entry(q, entry_id, holder=cancel_holder(), reason=text, force=force)
+    if done is None:
+        now = q.entry(entry_id) or before
+        if not now.open:
+            raise CliError(f"entry {entry_id} is not cancelled: it is already {now.status.value}",
+                           kind="InvalidEntryState")
+        raise CliError(
+            f"entry {entry_id} is not cancelled: {now.leased_by} holds a live lease on it until "
+            f"{_iso(now.lease_expires_at)}; --force cancels it and fences that lease",
+            kind="EntryLeased",
+        )
+    fenced = before.leased_by if before.leased_by is not None else None
+    if state.json_output:
+        state.emit({"cancelled": entry_id, "fenced": fenced, "entry": entry_json(done, _now())})
+        return
+    note = f"; the lease of {fenced} is fenced" if fenced else ""
+    state.out.print(cell(f"entry {entry_id} cancelled (thread {done.thread_id}){note}"))
+
+
+__all__ = ["CANCEL_REASON", "SCAN_PAGES", "STATES", "age_text", "entry_json", "entry_state", "list_entries", "queue"]

@@ -1,0 +1,546 @@
+"""The operator's commands (``queue list|retry|cancel``, ``sweep --dry-run``/``--queue-age``/``--yes``) against a
+real SQLite file and a real PostgreSQL schema: each test asserts what changed in the store, and that refusals and
+dry runs changed nothing (every row of every table compared; for SQLite the file's bytes too)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from threadloom import (
+    Checkpoint,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EntryStatus,
+    EventDraft,
+    StaleLease,
+)
+from threadloom.cli.main import cli
+from threadloom.cli.output import EXIT_FAILED, EXIT_USAGE
+
+TTL = timedelta(seconds=30)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+pytestmark = pytest.mark.usefixtures("restore_cli_logging")
+
+
+@attrs.define
+class Backend:
+    """A store the command opens by ``url``; ``open()`` gives the library's store on it; ``dump()`` every row."""
+
+    url: str
+    open: Callable[[], Any]
+    dump: Callable[[], Any]
+    name: str
+
+
+def _sqlite_backend(tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    path = tmp_path / "ops.db"
+
+    def dump() -> Any:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY 1")]
+            rows = {table: sorted(map(repr, conn.execute(f'SELECT * FROM "{table}"'))) for table in tables}
+        finally:
+            conn.close()
+        return rows, hashlib.sha256(path.read_bytes()).hexdigest()
+
+    return Backend(f"sqlite:///{path}", lambda: SqliteCheckpointer.open(str(path)), dump, "sqlite")
+
+
+def _postgres_backend(tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
+    import psycopg
+
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+    from threadloom.testing.postgres_harness import PgHarness
+
+    harness = PgHarness()  # skips loudly without a server (fails under CI=true)
+    request.addfinalizer(harness.cleanup)
+    harness.open_pg().close()  # creates the schema
+
+    def dump() -> Any:
+        with psycopg.connect(harness.dsn, autocommit=True) as conn:
+            tables = [row[0] for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s ORDER BY 1", (harness.schema,)
+            )]
+            return {
+                table: sorted(map(repr, conn.execute(f'SELECT * FROM "{harness.schema}"."{table}"')))
+                for table in tables
+            }
+
+    sep = "&" if "?" in harness.dsn else "?"
+    return Backend(
+        f"{harness.dsn}{sep}schema={harness.schema}",
+        lambda: PostgresCheckpointer.open(harness.dsn, harness.config()),
+        dump,
+        "postgres",
+    )
+
+
+@pytest.fixture(
+    params=[_sqlite_backend, pytest.param(_postgres_backend, marks=pytest.mark.postgres)], ids=["sqlite", "postgres"]
+)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    made = request.param(tmp_path, request)
+    store = made.open()  # creates the SQLite file
+    store.close()
+    return made
+
+
+def run(backend: Backend, *args: str) -> Any:
+    result = CliRunner().invoke(cli, ["--store", backend.url, *args], catch_exceptions=False)
+    return result
+
+
+@pytest.fixture
+def store(backend: Backend) -> Iterator[Any]:
+    opened = backend.open()
+    yield opened
+    opened.close()
+
+
+def _commit_run(store: Any, thread_id: str, run_id: str, n: int, *, parent: str | None = None,
+                status: CheckpointStatus = CheckpointStatus.RUNNING) -> list[str]:
+    claim = store.claim(thread_id, ClaimRequest(holder=run_id, ttl=TTL))
+    ids = []
+    for i in range(n):
+        cp_id = f"{run_id}:{i}"
+        store.commit(thread_id, Commit(
+            token=claim.token,
+            checkpoint=Checkpoint(id=cp_id, parent=parent, thread_id=thread_id, run_id=run_id,
+                                  status=status if i == n - 1 else CheckpointStatus.RUNNING, created_at=NOW),
+            events=[EventDraft(run_id=run_id, type="step", timestamp=NOW, payload=i)],
+        ))
+        parent = cp_id
+        ids.append(cp_id)
+    store.release(thread_id, claim.token)
+    return ids
+
+
+# -- queue list ----------------------------------------------------------------------------------------------------
+
+
+def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(backend: Backend, store: Any) -> None:
+    q = store.queue
+    a = q.enqueue("t-a", graph_id="qa", input={"n": 1}, tenant_id="acme")
+    b = q.enqueue("t-b", graph_id="qa", tenant_id="other")
+    c = q.enqueue("t-c", graph_id="qa", tenant_id="acme")
+    lease = q.lease("worker-1", TTL)
+    q.record_run(a.entry_id, lease.attempt, "run-a1")
+    lease_b = q.lease("worker-2", TTL)
+    q.finish(b.entry_id, lease_b.attempt, status=EntryStatus.FAILED, error="boom")
+    before = backend.dump()
+    result = run(backend, "--json", "queue", "list")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [e["entry_id"] for e in doc["entries"]] == [a.entry_id, b.entry_id, c.entry_id] and doc["next"] is None
+    first = doc["entries"][0]
+    assert first["state"] == "leased" and first["leased_by"] == "worker-1" and first["run_ids"] == ["run-a1"]
+    assert first["attempts"] == 1 and first["lease_expires_at"] is not None and first["input"] == {"n": 1}
+    assert doc["entries"][1]["state"] == "failed" and doc["entries"][1]["error"] == "boom"
+    listed = lambda *args: [e["entry_id"] for e in json.loads(run(backend, "--json", "queue", "list", *args).output)["entries"]]  # noqa: E731
+    assert listed("--tenant", "acme") == [a.entry_id, c.entry_id]
+    assert listed("--state", "leased") == [a.entry_id]
+    assert listed("--state", "open") == [a.entry_id, c.entry_id]
+    assert listed("--state", "failed") == [b.entry_id]
+    assert listed("--state", "done") == []
+    page = json.loads(run(backend, "--json", "queue", "list", "--limit", "1").output)
+    assert [e["entry_id"] for e in page["entries"]] == [a.entry_id] and page["next"] == a.entry_id
+    assert listed("--after", str(a.entry_id)) == [b.entry_id, c.entry_id]
+    table = run(backend, "queue", "list")
+    assert "worker-1" in table.output and "run-a1" in table.output and "3 entries" in table.output
+    assert backend.dump() == before  # listing reads only
+
+
+# -- queue cancel --------------------------------------------------------------------------------------------------
+
+
+def test_queue_cancel_finishes_an_idle_entry_failed(backend: Backend, store: Any) -> None:
+    q = store.queue
+    entry = q.enqueue("t1", graph_id="qa")
+    result = run(backend, "queue", "cancel", str(entry.entry_id), "--reason", "wrong input")
+    assert result.exit_code == 0, result.output
+    assert f"entry {entry.entry_id} cancelled" in result.output
+    after = q.entry(entry.entry_id)
+    assert after.status is EntryStatus.FAILED and after.error == "cancelled by an operator: wrong input"
+    assert q.lease("w", TTL) is None  # never leased again
+
+
+def test_queue_cancel_refuses_a_live_lease_unless_forced_and_force_fences_the_worker(
+    backend: Backend, store: Any
+) -> None:
+    q = store.queue
+    entry = q.enqueue("t1", graph_id="qa")
+    queued_behind = q.enqueue("t1", graph_id="qa")
+    lease = q.lease("worker-1", TTL)
+    before = backend.dump()
+    refused = run(backend, "queue", "cancel", str(entry.entry_id))
+    assert refused.exit_code == EXIT_FAILED
+    assert "worker-1 holds a live lease" in refused.output and "--force" in refused.output
+    assert backend.dump() == before  # nothing changed
+    forced = run(backend, "--json", "queue", "cancel", str(entry.entry_id), "--force")
+    assert forced.exit_code == 0, forced.output
+    doc = json.loads(forced.output)
+    assert doc["fenced"] == "worker-1" and doc["entry"]["status"] == "failed"
+    with pytest.raises(StaleLease):
+        q.renew_lease(entry.entry_id, lease.attempt, TTL)
+    with pytest.raises(StaleLease):
+        q.finish(entry.entry_id, lease.attempt)
+    assert q.lease("w", TTL).entry_id == queued_behind.entry_id  # the thread's next entry goes on
+
+
+@pytest.mark.parametrize("command", ["cancel", "retry"])
+def test_unknown_finished_and_bad_entries_are_refused_with_nothing_changed(
+    backend: Backend, store: Any, command: str
+) -> None:
+    q = store.queue
+    done = q.enqueue("t1", graph_id="qa")
+    lease = q.lease("w", TTL)
+    q.finish(done.entry_id, lease.attempt)
+    before = backend.dump()
+    unknown = run(backend, "queue", command, "999")
+    assert unknown.exit_code == EXIT_FAILED and "unknown run-queue entry 999" in unknown.output
+    finished = run(backend, "--json", "queue", command, str(done.entry_id))
+    assert finished.exit_code == EXIT_FAILED
+    assert json.loads(finished.output.splitlines()[-1])["error"]["type"] == "InvalidEntryState"
+    for bad in ("x", "0", "-3"):
+        assert run(backend, "queue", command, bad).exit_code == EXIT_USAGE
+    assert backend.dump() == before
+
+
+# -- queue retry ---------------------------------------------------------------------------------------------------
+
+
+def test_queue_retry_enqueues_a_failed_entry_again(backend: Backend, store: Any) -> None:
+    q = store.queue
+    entry = q.enqueue("t1", graph_id="qa", input={"question": "why?"}, tenant_id="acme")
+    lease = q.lease("w", TTL)
+    q.record_run(entry.entry_id, lease.attempt, "run-1")
+    _commit_run(store, "t1", "run-1", 2, status=CheckpointStatus.FAILED)  # the run failed: the thread settled
+    q.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED, error="boom")
+    result = run(backend, "--json", "queue", "retry", str(entry.entry_id))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    new = q.entry(doc["entry"]["entry_id"])
+    assert doc["retried"] == entry.entry_id and new.entry_id > entry.entry_id
+    assert (new.thread_id, new.graph_id, new.input, new.tenant_id) == ("t1", "qa", {"question": "why?"}, "acme")
+    assert new.status is EntryStatus.OPEN and new.attempts == 0 and new.run_ids == ()
+    assert q.entry(entry.entry_id).status is EntryStatus.FAILED  # the failed entry stays as it was
+
+
+def test_queue_retry_refuses_an_open_entry_and_an_admitted_incomplete_run(backend: Backend, store: Any) -> None:
+    q = store.queue
+    open_entry = q.enqueue("t0", graph_id="qa")
+    entry = q.enqueue("t1", graph_id="qa")
+    q.lease("w", TTL)
+    lease = q.lease("w", TTL)
+    assert lease.entry_id == entry.entry_id
+    q.record_run(entry.entry_id, lease.attempt, "run-1")
+    _commit_run(store, "t1", "run-1", 1)  # admitted, still RUNNING
+    q.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED, error="store damaged")
+    before = backend.dump()
+    refused = run(backend, "queue", "retry", str(entry.entry_id))
+    assert refused.exit_code == EXIT_FAILED and "still incomplete" in refused.output and "recover" in refused.output
+    still_open = run(backend, "queue", "retry", str(open_entry.entry_id))
+    assert still_open.exit_code == EXIT_FAILED and "is open" in still_open.output
+    assert backend.dump() == before
+
+
+# -- sweep ---------------------------------------------------------------------------------------------------------
+
+
+def _history_store(store: Any) -> None:
+    for i in range(5):
+        _commit_run(store, f"t{i}", f"run-{i}", 4)
+    claim = store.claim("gone", ClaimRequest(holder="r", ttl=TTL))
+    store.commit("gone", Commit(token=claim.token, events=[EventDraft(run_id="r", type="x", timestamp=NOW)]))
+    store.delete_thread("gone", claim.token)
+
+
+def test_sweep_dry_run_prints_each_page_and_changes_nothing(backend: Backend, store: Any) -> None:
+    _history_store(store)
+    store.close()
+    before = backend.dump()
+    result = run(backend, "--json", "sweep", "--dry-run", "--max-checkpoints", "1", "--max-events", "0",
+                 "--tombstone-age", "1ms", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["dry_run"] is True and len(doc["pages"]) == 3
+    assert doc["pages"][0] == {"visited": ["gone", "t0"], "pruned": ["t0"], "reclaimed": ["gone"]}
+    assert doc["pruned"] == 5 and doc["reclaimed"] == 1 and doc["visited"] == 6
+    assert backend.dump() == before  # every row (and the SQLite file's bytes) as it was
+    text = run(backend, "sweep", "--dry-run", "--max-checkpoints", "1", "--batch-size", "2")
+    assert "page 1: 2 visited; would prune 1: t0" in text.output and "nothing was changed" in text.output
+    assert backend.dump() == before
+    real = run(backend, "--json", "sweep", "--max-checkpoints", "1", "--batch-size", "2")
+    assert json.loads(real.output)["pruned"] == 5  # what the dry run announced
+    reopened = backend.open()
+    try:
+        assert len(reopened.history("t0", limit=10)) == 1
+    finally:
+        reopened.close()
+
+
+def test_sweep_max_events_zero_needs_yes_and_is_refused_with_nothing_changed(backend: Backend, store: Any) -> None:
+    _history_store(store)
+    store.close()
+    before = backend.dump()
+    refused = run(backend, "sweep", "--max-events", "0")  # stdin is not a terminal: no question, a refusal
+    assert refused.exit_code == EXIT_FAILED and "--yes" in refused.output
+    declined = CliRunner().invoke(cli, ["--store", backend.url, "sweep", "--max-events", "0"], input="n\n")
+    assert declined.exit_code == EXIT_FAILED
+    assert backend.dump() == before
+    done = run(backend, "--json", "sweep", "--max-events", "0", "--yes")
+    assert done.exit_code == 0 and json.loads(done.output)["pruned"] == 5
+    reopened = backend.open()
+    try:
+        assert reopened.events_after("t0", 4, 10) == []
+    finally:
+        reopened.close()
+
+
+def test_sweep_queue_age_purges_finished_entries_only(backend: Backend, store: Any) -> None:
+    q = store.queue
+    finished = q.enqueue("t1", graph_id="qa")
+    lease = q.lease("w", TTL)
+    q.record_run(finished.entry_id, lease.attempt, "r1")
+    q.finish(finished.entry_id, lease.attempt)
+    still_open = q.enqueue("t2", graph_id="qa")
+    young = run(backend, "--json", "sweep", "--queue-age", "1h")
+    assert young.exit_code == 0 and json.loads(young.output)["queue_purged"] == 0
+    assert q.entry(finished.entry_id) is not None
+    preview = run(backend, "--json", "sweep", "--dry-run", "--queue-age", "1ms")
+    assert json.loads(preview.output)["queue_purged"] == [finished.entry_id]
+    assert q.entry(finished.entry_id) is not None
+    purged = run(backend, "--json", "sweep", "--queue-age", "1ms")
+    assert purged.exit_code == 0 and json.loads(purged.output)["queue_purged"] == 1
+    assert q.entry(finished.entry_id) is None and q.entry(still_open.entry_id).open
+
+
+# -- show, recover, delete -----------------------------------------------------------------------------------------
+
+GRAPH_MODULE = '''
+from threadloom import Graph, Step
+
+def first(state, ctx):
+    return Step.to("second", {**state, "first": True})
+
+def second(state, ctx):
+    return Step.end({**state, "second": True})
+
+graph = Graph("g", {"first": first, "second": second}, entry="first")
+'''
+
+
+@pytest.fixture
+def graph_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "cli_ops_graph.py").write_text(GRAPH_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "cli_ops_graph:graph"
+
+
+def _dead_run(store: Any, thread: str, ttl: timedelta, *, tenant: str | None = "acme") -> Any:
+    """A run that claimed ``thread``, committed its first checkpoint (next node: first) and died."""
+    claim = store.claim(thread, ClaimRequest(holder="dead-run", ttl=ttl, tenant_id=tenant))
+    store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
+        id="c0", parent=None, thread_id=thread, run_id="dead-run", status=CheckpointStatus.RUNNING, created_at=NOW,
+        graph_id="g", state={"n": 1}, tenant_id=tenant, metadata={"threadloom.next": "first"},
+    )))
+    return claim
+
+
+def test_show_names_the_claim_holder_its_expiry_and_the_open_entries(backend: Backend, store: Any) -> None:
+    claim = _dead_run(store, "t1", TTL)
+    entry = store.queue.enqueue("t1", graph_id="g", tenant_id="acme")
+    store.queue.enqueue("other", graph_id="g")
+    doc = json.loads(run(backend, "--json", "show", "t1").output)
+    assert doc["claim"] == {"holder": "dead-run", "token": claim.token, "expires_at": claim.expires_at.isoformat(),
+                            "tenant_id": "acme", "state": "live"}
+    assert [e["entry_id"] for e in doc["queue_entries"]] == [entry.entry_id]
+    text = run(backend, "show", "t1").output
+    assert "dead-run (token" in text and "by the store's clock: live" in text and "open run-queue entries" in text
+    store.release("t1", claim.token)
+    assert json.loads(run(backend, "--json", "show", "t1").output)["claim"] is None
+
+
+def test_recover_refuses_a_live_claim_then_waits_for_a_dead_runs_claim_to_expire(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    claim = _dead_run(store, "t1", timedelta(seconds=2))
+    before = backend.dump()
+    refused = run(backend, "recover", "t1", "--graph", graph_module)
+    assert refused.exit_code == EXIT_FAILED and "'dead-run'" in refused.output and "--wait" in refused.output
+    assert backend.dump() == before
+    result = run(backend, "--json", "recover", "t1", "--graph", graph_module, "--wait", "--timeout", "60s")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "completed"
+    latest = store.latest("t1").checkpoint
+    assert latest.status is CheckpointStatus.COMPLETED and latest.state == {"n": 1, "first": True, "second": True}
+    assert latest.fencing_token > claim.token and store.current_claim("t1") is None
+
+
+def test_recover_wait_gives_up_on_a_claim_that_keeps_being_renewed(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    import threading
+
+    claim = _dead_run(store, "t1", timedelta(seconds=1))
+    stop = threading.Event()
+
+    def renew() -> None:  # a live run: it renews its claim well before expiry
+        while not stop.wait(0.2):
+            store.renew("t1", claim.token, timedelta(seconds=1))
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        result = run(backend, "recover", "t1", "--graph", graph_module, "--wait", "--timeout", "2s")
+    finally:
+        stop.set()
+        renewer.join()
+    assert result.exit_code == EXIT_FAILED
+    assert "'dead-run'" in result.output and "--timeout ran out" in result.output
+    assert store.latest("t1").checkpoint.id == "c0" and store.current_claim("t1").token == claim.token
+
+
+def test_recover_refuses_a_bad_graph_an_unknown_thread_and_a_settled_one(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    _commit_run(store, "done", "run-1", 1, status=CheckpointStatus.COMPLETED)
+    before = backend.dump()
+    bad = run(backend, "recover", "done", "--graph", "no_such_module_xyz:graph")
+    assert bad.exit_code == EXIT_USAGE and "cannot import" in bad.output
+    assert run(backend, "recover", "done", "--graph", "cli_ops_graph").exit_code == EXIT_USAGE
+    unknown = run(backend, "recover", "nope", "--graph", graph_module)
+    assert unknown.exit_code == EXIT_FAILED and "unknown thread" in unknown.output
+    settled = run(backend, "--json", "recover", "done", "--graph", graph_module)
+    assert settled.exit_code == EXIT_FAILED
+    assert json.loads(settled.output.splitlines()[-1])["error"]["type"] == "InvalidRunState"
+    assert backend.dump() == before
+
+
+def test_delete_cascades_after_confirmation_and_refuses_a_live_run(backend: Backend, store: Any) -> None:
+    from threadloom import CheckpointOrigin
+
+    _commit_run(store, "root", "run-1", 2)
+    claim = store.claim("child", ClaimRequest(holder="run-c", ttl=TTL))
+    store.commit("child", Commit(token=claim.token, checkpoint=Checkpoint(
+        id="k0", parent=None, thread_id="child", run_id="run-c", status=CheckpointStatus.COMPLETED, created_at=NOW,
+        origin=CheckpointOrigin(parent_thread="root"),
+    )))
+    store.release("child", claim.token)
+    live = _dead_run(store, "busy", TTL, tenant=None)
+    before = backend.dump()
+    unconfirmed = run(backend, "delete", "root")  # stdin is not a terminal: refused without --yes
+    assert unconfirmed.exit_code == EXIT_FAILED and "--yes" in unconfirmed.output
+    declined = CliRunner().invoke(cli, ["--store", backend.url, "delete", "root"], input="n\n")
+    assert declined.exit_code == EXIT_FAILED
+    held = run(backend, "delete", "busy", "--yes")
+    assert held.exit_code == EXIT_FAILED
+    assert backend.dump() == before
+    done = run(backend, "--json", "delete", "root", "--yes")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["deleted"] == ["child", "root"]
+    assert store.latest("root") is None and store.latest("child") is None
+    assert store.current_claim("busy").token == live.token
+    assert run(backend, "delete", "root", "--yes").exit_code == EXIT_FAILED  # unknown now
+
+
+# -- listing -------------------------------------------------------------------------------------------------------
+
+
+def test_history_and_events_print_the_cursor_of_the_next_page(backend: Backend, store: Any) -> None:
+    ids = _commit_run(store, "t1", "run-1", 5)
+    page = json.loads(run(backend, "--json", "history", "t1", "--limit", "2").output)
+    assert [cp["id"] for cp in page["checkpoints"]] == [ids[4], ids[3]] and page["next"] == ids[3]
+    following = json.loads(run(backend, "--json", "history", "t1", "--limit", "2", "--before", page["next"]).output)
+    assert [cp["id"] for cp in following["checkpoints"]] == [ids[2], ids[1]]
+    last = json.loads(run(backend, "--json", "history", "t1", "--limit", "5").output)
+    assert last["next"] is None
+    assert "more follow: --before " + ids[3] in run(backend, "history", "t1", "--limit", "2").output
+    events = json.loads(run(backend, "--json", "events", "t1", "--limit", "3").output)
+    assert [e["seq"] for e in events["events"]] == [1, 2, 3] and events["next"] == 3
+    assert json.loads(run(backend, "--json", "events", "t1", "--after", "3").output)["next"] is None
+    assert "more follow: --after 3" in run(backend, "events", "t1", "--limit", "3").output
+
+
+def test_global_options_are_accepted_after_the_command_name(backend: Backend, store: Any) -> None:
+    _commit_run(store, "t1", "run-1", 1)
+    after = CliRunner().invoke(cli, ["history", "t1", "--json", "--store", backend.url, "--log-level", "error"])
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.output)["checkpoints"][0]["id"] == "run-1:0"
+    nested = CliRunner().invoke(cli, ["queue", "list", f"--store={backend.url}", "--json"])
+    assert nested.exit_code == 0 and json.loads(nested.output)["entries"] == []
+    from threadloom.cli.main import hoist_global_options
+
+    assert hoist_global_options(["demo", "--store", "x", "--json"]) == ["--json", "demo", "--store", "x"]
+    assert hoist_global_options(["events", "t", "--", "--json"]) == ["events", "t", "--", "--json"]
+
+
+def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
+    """``threads``, ``show`` and ``queue list`` in a real pseudo-terminal 80 columns wide: no line is wider."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    path = tmp_path / "wide.db"
+    with SqliteCheckpointer.open(str(path)) as store:
+        for i in range(3):
+            thread = f"customer-support-conversation-{i:04d}-with-a-long-identifier"
+            claim = store.claim(thread, ClaimRequest(holder=f"worker-node-{i}:run-0123456789abcdef", ttl=TTL))
+            store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
+                id=f"checkpoint-{i}-0123456789abcdef0123456789", parent=None, thread_id=thread,
+                run_id=f"worker-node-{i}:run-0123456789abcdef", status=CheckpointStatus.RUNNING, created_at=NOW,
+                graph_id="a-graph-with-a-long-name", state={"text": "x" * 300},
+                metadata={"customer": "a-rather-long-customer-name", "channel": "email"},
+            )))
+            entry = store.queue.enqueue(thread, graph_id="a-graph-with-a-long-name", input={"n": i})
+            lease = store.queue.lease(f"worker-node-{i}.example.internal", TTL)
+            store.queue.record_run(entry.entry_id, lease.attempt, f"worker-node-{i}:run-0123456789abcdef")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    url = f"sqlite:///{path}"
+    for args in (["threads"], ["show", "customer-support-conversation-0001-with-a-long-identifier"],
+                 ["queue", "list"]):
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        proc = subprocess.Popen([sys.executable, "-m", "threadloom", "--store", url, *args], stdin=follower,
+                                stdout=follower, stderr=follower, env=env, close_fds=True)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert proc.wait(timeout=60) == 0
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode())
+        lines = text.replace("\r", "").split("\n")
+        assert len(lines) > 3, text
+        assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
+        assert "customer" in text  # ids fold inside their cells
