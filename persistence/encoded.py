@@ -59,8 +59,6 @@ class EncodedCheckpoint:
     """The parent thread of a child's origin (the ``children`` index), or None."""
     text: str
     """The whole checkpoint as JSON, ``fencing_token`` set to the commit's token."""
-    value: Checkpoint
-    """The checkpoint as committed (its ``fencing_token`` may be None: the text carries the token)."""
 
 
 @attrs.frozen(slots=True)
@@ -157,7 +155,6 @@ def encode_checkpoint(cp: Checkpoint, token: int | None) -> EncodedCheckpoint:
         graph_id=cp.graph_id,
         origin_parent=None if origin is None else origin.parent_thread,
         text=text,
-        value=cp,
     )
 
 
