@@ -84,6 +84,8 @@ def check_text(field: str, value: Any) -> str:
 
 def check_aware(field: str, value: Any) -> datetime:
     """Validates a timezone-aware ``datetime``; a naive one is refused (DESIGN §2)."""
+    if type(value) is datetime and value.tzinfo is UTC:
+        return value  # the common case: aware, and its instant is its own
     if not isinstance(value, datetime):
         raise ValidationError(field, (f"must be a datetime, got {type(value).__name__}",))
     if value.tzinfo is None or value.utcoffset() is None:
@@ -219,9 +221,15 @@ def dumps_compact(value: Any) -> str:
     return "".join(_C_ENCODER(value, 0))
 
 
-def loads_own(text: str) -> Any:
-    """The JSON value of text this package encoded (no surrounding white space to skip)."""
-    return _DECODER.scan_once(text, 0)[0]  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
+def scan_own(text: str) -> tuple[Any, int]:
+    """The JSON value at the start of ``text`` and where it ends: the C scanner, without the white-space skipping
+    of ``json.loads`` (for text this package encoded).
+
+    Raises:
+        StopIteration: no JSON value starts at 0.
+        json.JSONDecodeError: a malformed value starts there.
+    """
+    return _DECODER.scan_once(text, 0)  # type: ignore[attr-defined,no-any-return]  # set by JSONDecoder(); not in the stubs
 _INT_LIMIT = 10**MAX_JSON_INT_DIGITS
 
 
@@ -246,16 +254,21 @@ def _plain_copy(value: Any, depth: int) -> Any:
     if kind is dict:
         if depth >= MAX_JSON_DEPTH and value:
             raise _NotPlain
-        out = {}
-        for key, item in value.items():
+        out = value.copy()
+        for key, item in out.items():
             if type(key) is not str:
                 raise _NotPlain
-            out[key] = item if type(item) in _LEAVES else _plain_copy(item, depth + 1)
+            if type(item) not in _LEAVES:
+                out[key] = _plain_copy(item, depth + 1)  # replaces a value: the dict keeps its size
         return out
     if kind is list:
         if depth >= MAX_JSON_DEPTH and value:
             raise _NotPlain
-        return [item if type(item) in _LEAVES else _plain_copy(item, depth + 1) for item in value]
+        items = value.copy()
+        for index, item in enumerate(items):
+            if type(item) not in _LEAVES:
+                items[index] = _plain_copy(item, depth + 1)
+        return items
     if kind in _LEAVES:
         return value
     raise _NotPlain
