@@ -229,7 +229,7 @@ def scan_own(text: str) -> tuple[Any, int]:
         StopIteration: no JSON value starts at 0.
         json.JSONDecodeError: a malformed value starts there.
     """
-    return _DECODER.scan_once(text, 0)  # type: ignore[attr-defined,no-any-return]  # set by JSONDecoder(); not in the stubs
+    return _DECODER.scan_once(text, 0)  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
 _INT_LIMIT = 10**MAX_JSON_INT_DIGITS
 
 
