@@ -7,7 +7,6 @@ never touches storage: stores call these before they read or write anything.
 from __future__ import annotations
 
 import json
-import marshal
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -49,6 +48,8 @@ def check_id(field: str, value: Any) -> str:
     Raises:
         ValidationError: naming ``field`` when the id is not of that form.
     """
+    if type(value) is str and value.isascii() and 0 < len(value) <= MAX_ID_LENGTH and "\x00" not in value:
+        return value  # the common case, in constant time but for the NUL scan (ASCII holds no surrogates)
     if not isinstance(value, str):
         raise ValidationError(field, (f"must be a str, got {type(value).__name__}",))
     problems = []
@@ -83,6 +84,8 @@ def check_text(field: str, value: Any) -> str:
 
 def check_aware(field: str, value: Any) -> datetime:
     """Validates a timezone-aware ``datetime``; a naive one is refused."""
+    if type(value) is datetime and value.tzinfo is UTC:
+        return value  # the common case: aware, and its instant is its own
     if not isinstance(value, datetime):
         raise ValidationError(field, (f"must be a datetime, got {type(value).__name__}",))
     if value.tzinfo is None or value.utcoffset() is None:
@@ -218,40 +221,82 @@ def dumps_compact(value: Any) -> str:
     return "".join(_C_ENCODER(value, 0))
 
 
-def loads_own(text: str) -> Any:
-    """The JSON value of text this package encoded (no surrounding white space to skip)."""
-    return _DECODER.scan_once(text, 0)[0]  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
+def scan_own(text: str) -> tuple[Any, int]:
+    """The JSON value at the start of ``text`` and where it ends: the C scanner, without the white-space skipping
+    of ``json.loads`` (for text this package encoded).
+
+    Raises:
+        StopIteration: no JSON value starts at 0.
+        json.JSONDecodeError: a malformed value starts there.
+    """
+    return _DECODER.scan_once(text, 0)  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
 _INT_LIMIT = 10**MAX_JSON_INT_DIGITS
+
+
+class _NotPlain(Exception):
+    """Raised by :func:`_plain_copy` on anything it does not take as is (the slow path then decides)."""
+
+
+_LEAVES = frozenset((str, int, float, bool, type(None)))
+
+
+def _plain_copy(value: Any, depth: int) -> Any:
+    """A fresh copy of ``value`` built of exact ``dict`` (exact ``str`` keys), ``list``, ``str``, ``int``, ``float``,
+    ``bool`` and ``None`` only, nested at most :data:`MAX_JSON_DEPTH` deep (``depth`` is ``value``'s own).
+
+    Raises:
+        _NotPlain: on anything else (tuples, subclasses such as ``IntEnum``, non-``str`` keys, other objects,
+            deeper nesting): the value is then walked by :func:`check_json`, which names what is wrong or lets it
+            pass. Floats and integers are not looked at here: the encoder refuses NaN, infinities and integers
+            of more digits than Python converts.
+    """
+    kind = type(value)
+    if kind is dict:
+        if depth >= MAX_JSON_DEPTH and value:
+            raise _NotPlain
+        out = value.copy()
+        for key, item in out.items():
+            if type(key) is not str:
+                raise _NotPlain
+            if type(item) not in _LEAVES:
+                out[key] = _plain_copy(item, depth + 1)  # replaces a value: the dict keeps its size
+        return out
+    if kind is list:
+        if depth >= MAX_JSON_DEPTH and value:
+            raise _NotPlain
+        items = value.copy()
+        for index, item in enumerate(items):
+            if type(item) not in _LEAVES:
+                items[index] = _plain_copy(item, depth + 1)
+        return items
+    if kind in _LEAVES:
+        return value
+    raise _NotPlain
 
 
 def encode_json(field: str, value: Any) -> tuple[str, Any]:
     """Validates a JSON value and encodes it, in one strict pass (the rules of :func:`check_json`).
 
-    The C encoder refuses what it can (NaN and infinities, objects it does not know, nesting past the
-    interpreter's limit, integers of more than :data:`MAX_JSON_INT_DIGITS` digits); encoding to UTF-8 refuses
-    lone surrogates; an exact-type check refuses subclasses of ``int``/``float``/``str``/``dict``/``list`` it
-    would silently flatten; the text decoded back and compared with the value refuses non-``str`` keys. Only when one
-    of those fails, or the text could nest deeper than :data:`MAX_JSON_DEPTH`, is the value walked in Python
-    (:func:`check_json`) to name the first bad part exactly.
+    One walk copies the value, taking only exact built-in JSON types (no ``IntEnum``, no ``float``, ``str``,
+    ``dict`` or ``list`` subclass the encoder would silently flatten), ``str`` keys and at most
+    :data:`MAX_JSON_DEPTH` levels; the C encoder encodes the copy and refuses NaN, infinities and integers of more
+    than :data:`MAX_JSON_INT_DIGITS` digits; encoding the text to UTF-8 refuses lone surrogates. Only when one of
+    those fails is the value walked by :func:`check_json`, which names the first bad part exactly (or lets a tuple
+    or a ``dict``/``list``/``str`` subclass pass, encoded as its plain counterpart).
 
     Returns:
-        ``(text, copy)``: compact JSON text (no NaN, UTF-8 safe) and a fresh decoded copy of the value (lists for
-        tuples), which shares nothing with ``value``.
+        ``(text, copy)``: compact JSON text (no NaN, UTF-8 safe) and a fresh copy of the value (lists for
+        tuples) that shares no ``dict`` or ``list`` with ``value``; the text is the copy's.
 
     Raises:
         ValidationError: naming ``field`` and the path of the first bad part.
     """
     try:
-        text = dumps_compact(value)
+        copy = _plain_copy(value, 0)
+        text = dumps_compact(copy)
         text.encode("utf-8")
-        marshal.dumps(value)  # exact built-in types only: no IntEnum, no float or container subclasses
-        copy = loads_own(text)
-        exact = copy == value
-    except (TypeError, ValueError, RecursionError, StopIteration):  # UnicodeEncodeError is a ValueError
-        exact = False
-        text, copy = "", None
-    if not exact or (len(text) > 2 * MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH):
-        check_json(field, value)  # names the bad part; passes for tuples, dict/str subclasses and deep-looking text
+    except (_NotPlain, TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        check_json(field, value)  # names the bad part; passes for tuples and dict/list/str subclasses
         try:
             text = _ENCODER.encode(value)
             copy = _DECODER.decode(text)

@@ -8,6 +8,7 @@ ids non-empty ``str`` of at most 255 characters, JSON values plain ``dict``/``li
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -43,20 +44,26 @@ def trusted(cls: type[_T], **fields: Any) -> _T:
     return value
 
 
+def intact(seal: tuple[Any, ...], fields: tuple[Any, ...]) -> bool:
+    """True when each of ``fields`` is the very object ``seal`` recorded (a seal keeps the objects themselves, so
+    no replaced field can pass for one freed and reallocated at the same address)."""
+    return len(seal) == len(fields) and all(map(operator.is_, seal, fields))
+
+
 class _Sealed:
     """A value whose JSON part is validated and encoded once, when it is constructed (encode once).
 
     The constructor encodes the JSON field strictly (:func:`~threadloom.domain.validation.encode_json`), keeps
-    a decoded copy of it as the field's value (so the value never shares a dict or list with its caller: changing
+    a fresh copy of it as the field's value (so the value never shares a dict or list with its caller: changing
     what you passed in changes nothing here) and keeps the text for the store, which writes it as is. A *seal*
-    records the identity of every field: a value whose fields were replaced behind the constructor's back
+    keeps every field's object (:func:`intact`): a value whose fields were replaced behind the constructor's back
     (``object.__setattr__``) no longer matches it and is validated and encoded again by :meth:`sealed_json`.
     Values a store decodes from its own text are built with :func:`trusted` and carry no text.
     """
 
     __slots__ = ()
     _json: str | None
-    _seal: tuple[int, ...]
+    _seal: tuple[Any, ...]
     _JSON_FIELD: ClassVar[str]
     _JSON_NAME: ClassVar[str]
     _GETTER: ClassVar[Any]
@@ -69,7 +76,7 @@ class _Sealed:
             text, copy = v.encode_json(self._JSON_NAME, value)
             object.__setattr__(self, self._JSON_FIELD, copy)
             object.__setattr__(self, "_json", text)
-        object.__setattr__(self, "_seal", tuple(map(id, self._GETTER(self))))
+        object.__setattr__(self, "_seal", self._GETTER(self))
 
     def sealed_json(self) -> str:
         """The JSON text of the value's JSON field, validated: the constructor's, or made again if a field
@@ -79,7 +86,7 @@ class _Sealed:
             ValidationError: a replaced field is not valid.
         """
         text = self._json
-        if text is None or self._seal != tuple(map(id, self._GETTER(self))):
+        if text is None or not intact(self._seal, self._GETTER(self)):
             attrs.validate(self)  # type: ignore[arg-type]  # every _Sealed is an attrs class
             origin = getattr(self, "origin", None)
             if origin is not None:
@@ -91,8 +98,6 @@ class _Sealed:
 
 def _seal(cls: type) -> type:
     """Finishes a :class:`_Sealed` attrs class: the getter of its public fields, in order."""
-    import operator
-
     names = [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]
     cls._GETTER = operator.attrgetter(*names)  # type: ignore[attr-defined]
     return cls
@@ -215,7 +220,7 @@ class Checkpoint(_Sealed):
     )
     metadata: dict[str, str] = attrs.field(factory=dict, converter=_str_map)
     _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
-    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+    _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "state"
     _JSON_NAME: ClassVar[str] = "checkpoint.state"
 
@@ -230,7 +235,7 @@ class PendingWrite(_Sealed):
     node_id: str = attrs.field(validator=_id("pending_write.node_id"))
     payload: Any = attrs.field(default=None)
     _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
-    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+    _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "payload"
     _JSON_NAME: ClassVar[str] = "pending_write.payload"
 
@@ -248,7 +253,7 @@ class EventDraft(_Sealed):
     task_id: str | None = attrs.field(default=None, validator=_opt_id("event.task_id"))
     node_id: str | None = attrs.field(default=None, validator=_opt_id("event.node_id"))
     _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
-    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+    _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "payload"
     _JSON_NAME: ClassVar[str] = "event.payload"
 
@@ -302,7 +307,7 @@ class EffectRecord(_Sealed):
     checkpoint_id: str | None = attrs.field(default=None, validator=_opt_id("effect.checkpoint_id"))
     task_id: str | None = attrs.field(default=None, validator=_opt_id("effect.task_id"))
     _json: str | None = attrs.field(init=False, default=None, eq=False, repr=False, hash=False)
-    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+    _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "result"
     _JSON_NAME: ClassVar[str] = "effect.result"
 
@@ -353,15 +358,13 @@ class Commit:
     )
     fence: tuple[str, int] | None = attrs.field(default=None, converter=_fence)
     metadata: dict[str, str] | None = attrs.field(default=None, converter=_opt_str_map)
-    _seal: tuple[int, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
+    _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_seal", tuple(map(id, _COMMIT_GETTER(self))))
+        object.__setattr__(self, "_seal", _COMMIT_GETTER(self))
 
 
 def _public_getter(cls: type) -> Any:
-    import operator
-
     return operator.attrgetter(*(a.name for a in attrs.fields(cls) if not a.name.startswith("_")))
 
 

@@ -72,32 +72,46 @@ def encode_checkpoint(cp: Checkpoint) -> str:
     return encoded.encode_checkpoint(cp, cp.fencing_token).text
 
 
+_STATUSES = {status.value: status for status in CheckpointStatus}
+
+
+def _row(text: str) -> Any:
+    """The JSON value of a stored row's text (strict: the whole text is one JSON value)."""
+    try:
+        value, end = v.scan_own(text)
+    except StopIteration:  # not a JSON value at the start (or leading white space): the strict reader decides
+        return loads(text)
+    return value if end == len(text) else loads(text)
+
+
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
-    """The checkpoint of ``text`` (the store's own, not validated again); an undecodable row is a
-    ``StoreCorrupt`` naming ``thread_id``."""
+    """The checkpoint of ``text`` (the store's own, not validated again but for its ids, times, token and
+    metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``."""
     with _decoding("checkpoint", thread_id):
-        raw = _fields(loads(text), _CHECKPOINT_KEYS)
+        raw = _fields(_row(text), _CHECKPOINT_KEYS)
         origin = raw["origin"]
         if origin is not None:
             origin = _checked(CheckpointOrigin(**origin))
         fencing_token = raw["fencing_token"]
         if fencing_token is not None:
             v.check_int("fencing_token", fencing_token, low=1)
-        return _checked(trusted(
+        parent = raw["parent"]
+        tenant_id = raw["tenant_id"]
+        return trusted(
             Checkpoint,
-            id=raw["id"],
-            parent=raw["parent"],
-            thread_id=raw["thread_id"],
-            run_id=raw["run_id"],
-            status=CheckpointStatus(raw["status"]),
+            id=v.check_id("checkpoint.id", raw["id"]),
+            parent=None if parent is None else v.check_id("checkpoint.parent", parent),
+            thread_id=v.check_id("checkpoint.thread_id", raw["thread_id"]),
+            run_id=v.check_id("checkpoint.run_id", raw["run_id"]),
+            status=_STATUSES[raw["status"]],
             created_at=from_micros(raw["created_at"]),
             state=raw["state"],
-            graph_id=raw["graph_id"],
-            tenant_id=raw["tenant_id"],
+            graph_id=v.check_id("checkpoint.graph_id", raw["graph_id"]),
+            tenant_id=None if tenant_id is None else v.check_id("checkpoint.tenant_id", tenant_id),
             fencing_token=fencing_token,
             origin=origin,
             metadata=v.check_str_map("metadata", raw["metadata"]),
-        ))
+        )
 
 
 def decode_pending_write(text: str, thread_id: str) -> PendingWrite:

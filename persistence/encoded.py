@@ -28,14 +28,20 @@ from threadloom.domain.validation import dumps_compact
 from threadloom.domain.values import (
     _COMMIT_GETTER,
     Checkpoint,
+    CheckpointStatus,
     Commit,
     EffectRecord,
     EventDraft,
     EventRecord,
     PendingWrite,
+    intact,
 )
 
 _quote = json.encoder.encode_basestring  # the C string encoder (ensure_ascii=False): quotes and escapes a str
+
+
+_STATUS_TEXT = {status: status.value for status in CheckpointStatus}
+_SETTLED = frozenset(status.value for status in CheckpointStatus if status.settled)
 
 
 def _q(text: str | None) -> str:
@@ -59,8 +65,6 @@ class EncodedCheckpoint:
     """The parent thread of a child's origin (the ``children`` index), or None."""
     text: str
     """The whole checkpoint as JSON, ``fencing_token`` set to the commit's token."""
-    value: Checkpoint
-    """The checkpoint as committed (its ``fencing_token`` may be None: the text carries the token)."""
 
 
 @attrs.frozen(slots=True)
@@ -163,9 +167,10 @@ def encode_checkpoint(cp: Checkpoint, token: int | None, limit: int | None = Non
         f'"task_id":{_q(origin.task_id)}}}'
     )
     metadata = dumps_compact(cp.metadata) if cp.metadata else "{}"
+    status = _STATUS_TEXT[cp.status]
     text = (
         f'{{"id":{_q(cp.id)},"parent":{_q(cp.parent)},"thread_id":{_q(cp.thread_id)},"run_id":{_q(cp.run_id)},'
-        f'"status":"{cp.status.value}","created_at":{to_micros(cp.created_at)},"graph_id":{_q(cp.graph_id)},'
+        f'"status":"{status}","created_at":{to_micros(cp.created_at)},"graph_id":{_q(cp.graph_id)},'
         f'"tenant_id":{_q(cp.tenant_id)},"fencing_token":{"null" if token is None else int(token)},'
         f'"origin":{origin_text},"metadata":{metadata},"state":{state}}}'
     )
@@ -174,13 +179,12 @@ def encode_checkpoint(cp: Checkpoint, token: int | None, limit: int | None = Non
         id=cp.id,
         parent=cp.parent,
         run_id=cp.run_id,
-        status=cp.status.value,
-        settled=cp.status.settled,
+        status=status,
+        settled=status in _SETTLED,
         tenant_id=cp.tenant_id,
         graph_id=cp.graph_id,
         origin_parent=None if origin is None else origin.parent_thread,
         text=text,
-        value=cp,
     )
 
 
@@ -237,7 +241,7 @@ def encode_commit(thread_id: str, commit: Any, max_json_size: int | None = None)
         ValidationError: naming the field; nothing was read or written.
     """
     _instance("commit", commit, Commit)
-    if commit._seal != tuple(map(id, _COMMIT_GETTER(commit))):
+    if not intact(commit._seal, _COMMIT_GETTER(commit)):
         attrs.validate(commit)  # replaced behind the constructor's back
     v.check_int("commit.token", commit.token, low=1)
     token = commit.token
@@ -259,12 +263,12 @@ def encode_commit(thread_id: str, commit: Any, max_json_size: int | None = None)
             raise ValidationError("commit.checkpoint.parent", ("must not be the checkpoint itself",))
     if commit.fence is not None and commit.fence[0] == thread_id:
         raise ValidationError("commit.fence", ("must name another thread than the one committed to",))
-    writes = tuple(encode_pending_write(_instance("commit.pending_writes", pw, PendingWrite), max_json_size, i)
-                   for i, pw in enumerate(commit.pending_writes))
-    events = tuple(encode_event(_instance("commit.events", draft, EventDraft), thread_id, token, max_json_size, i)
-                   for i, draft in enumerate(commit.events))
-    effects = tuple(encode_effect(_instance("commit.effects", effect, EffectRecord), max_json_size, i)
-                    for i, effect in enumerate(commit.effects))
+    writes = tuple([encode_pending_write(_instance("commit.pending_writes", pw, PendingWrite), max_json_size, i)
+                    for i, pw in enumerate(commit.pending_writes)])
+    events = tuple([encode_event(_instance("commit.events", draft, EventDraft), thread_id, token, max_json_size, i)
+                    for i, draft in enumerate(commit.events)])
+    effects = tuple([encode_effect(_instance("commit.effects", effect, EffectRecord), max_json_size, i)
+                     for i, effect in enumerate(commit.effects)])
     if len({effect.key for effect in effects}) != len(effects):
         raise ValidationError("commit.effects", ("two effect records share a key",))
     return EncodedCommit(

@@ -25,6 +25,7 @@ from threadloom.domain.errors import (
 from threadloom.domain.rules import CheckpointRow
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointStatus,
     ClaimRequest,
     EffectRecord,
     EventRecord,
@@ -42,7 +43,7 @@ from threadloom.domain.values import (
 from threadloom.persistence import codec
 from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_guard
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
-from threadloom.persistence.encoded import EncodedCommit
+from threadloom.persistence.encoded import EncodedCheckpoint, EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
 
 
@@ -58,7 +59,7 @@ class _Claim:
 class _Stored:
     text: str
     row: CheckpointRow
-    checkpoint: Checkpoint  # the decoded value, only ever read to decide (never returned: text is decoded)
+    checkpoint: EncodedCheckpoint  # its indexed columns, only ever read to decide (never returned: text is decoded)
 
 
 @attrs.define
@@ -243,7 +244,7 @@ class InMemoryCheckpointer(StoreBase):
             if commit.retract_turn and cp is not None and row is not None:
                 keep = 0
                 for index in range(len(row.history) - 1, -1, -1):
-                    if row.history[index].checkpoint.status.settled:
+                    if row.history[index].checkpoint.settled:
                         keep = index + 1
                         break
 
@@ -273,7 +274,7 @@ class InMemoryCheckpointer(StoreBase):
                     row.ids.discard(cut.row.id)
                 del row.history[keep:]
                 row.ids.add(cp.id)
-                row.history.append(_Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp.value))
+                row.history.append(_Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp))
                 row.pending = pending
                 row.updated_at = now
                 if cp.origin_parent is not None:
@@ -345,8 +346,8 @@ class InMemoryCheckpointer(StoreBase):
                 if place <= start:
                     continue
                 row = self._rows.get(child)
-                origin = row.history[-1].checkpoint.origin if row is not None and row.history else None
-                if origin is not None and origin.parent_thread == parent:
+                origin_parent = row.history[-1].checkpoint.origin_parent if row is not None and row.history else None
+                if origin_parent == parent:
                     out.append(child)
                     if len(out) == limit:
                         break
@@ -501,14 +502,14 @@ class InMemoryCheckpointer(StoreBase):
             if not row.history:
                 continue
             cp = row.history[-1].checkpoint
-            if cp.origin is not None or cp.tenant_id != tenant_id or row.updated_at is None:
+            if cp.origin_parent is not None or cp.tenant_id != tenant_id or row.updated_at is None:
                 continue
             live = row.claim is not None and rules.claim_is_live(row.claim.expires_at, now)
             out.append(
                 ThreadSummary(
                     thread_id=thread_id,
                     tenant_id=cp.tenant_id,
-                    status=rules.thread_status(cp.status, live_claim=live, metadata=row.metadata),
+                    status=rules.thread_status(CheckpointStatus(cp.status), live_claim=live, metadata=row.metadata),
                     updated_at=row.updated_at,
                     latest_checkpoint_id=cp.id,
                     latest_run_id=cp.run_id,
