@@ -77,7 +77,8 @@ class ServePolicy:
         poll_interval: how long a worker waits before asking again when nothing is leasable (default 250 ms).
         busy_delay: how long an entry whose thread another run holds waits before it is leased again
             (default 1 s).
-        max_attempts: an entry leased more often than this is finished ``FAILED`` (default 10; None: never).
+        max_attempts: an entry leased more often than this is finished ``FAILED`` (default 10; None: never). A
+            lease a stopping worker handed back (a signal, ``Server.stop``, ``GraphRuntime.close``) is not counted.
     """
 
     lease_ttl: timedelta = attrs.field(default=timedelta(seconds=30), validator=_positive("serve_policy.lease_ttl"))

@@ -6,7 +6,8 @@ entry if the thread already went past it), otherwise admit the input (a start, o
 thread); renew the lease while the run goes on; finish the entry with the run's outcome. The admission checks,
 under the thread's claim, that the attempt still holds its lease, so two attempts never both admit the input.
 
-A worker that stops (``close``) cancels its run at the next step and hands the entry back at once; a worker
+A worker that stops (``close``) cancels its run at the next step and hands the entry back at once, without counting
+the lease as a try (``release_lease(..., refund=True)``: ``ServePolicy.max_attempts`` counts only the others); a worker
 whose process dies leaves a lease and a claim that expire, and the next attempt recovers the run without
 re-running its completed nodes. A blocking ``serve`` on the main thread stops on SIGINT or SIGTERM
 (:func:`wait_until_signalled`): the first lets each node in flight finish and commit, then releases the claim and
@@ -233,10 +234,10 @@ class QueueWorker:
             thread_id=entry.thread_id, tenant_id=entry.tenant_id, entry_id=entry.entry_id, attempt=lease.attempt
         )
         log.info("queue.leased", op="lease", taken_over_from=lease.taken_over_from, graph_id=entry.graph_id)
-        if self.server.stopped:  # stopped while leasing: give the entry back untouched
+        if self.server.stopped:  # stopped while leasing: give the entry back untouched (no try spent)
             self._hand_back(lease, timedelta(0), log, CancelledError("serve"))
             return
-        if self.policy.max_attempts is not None and lease.attempt > self.policy.max_attempts:
+        if self.policy.max_attempts is not None and lease.entry.counted_attempts > self.policy.max_attempts:
             self._finish(lease, EntryStatus.FAILED, f"gave up after {self.policy.max_attempts} attempts", log)
             return
         graph = self.graphs[entry.graph_id]
@@ -384,10 +385,19 @@ class QueueWorker:
         self.server._count("completed" if status is EntryStatus.COMPLETED else "failed")
         log.info("queue.finished", op="finish", status=status.value, error=error)
 
+    def _stopping(self) -> bool:
+        """True once the server was stopped (a signal, ``Server.stop``) or the runtime is closing."""
+        return self.server.stopped or self.runtime.closed
+
     def _hand_back(self, lease: Lease, delay: timedelta, log: Any, error: BaseException) -> None:
-        """Gives the entry back for a later attempt; a damaged or closed store stops the worker (``_StopWorker``)."""
+        """Gives the entry back for a later attempt; a damaged or closed store stops the worker (``_StopWorker``).
+
+        A run cancelled because the worker stops (a signal, ``Server.stop``, ``GraphRuntime.close``) is handed back
+        with a refund: the entry did nothing wrong, so the lease does not count against ``max_attempts``.
+        """
+        refund = isinstance(error, CancelledError) and self._stopping()
         try:
-            self.queue.release_lease(lease.entry_id, lease.attempt, delay=delay)
+            self.queue.release_lease(lease.entry_id, lease.attempt, delay=delay, refund=refund)
         except ThreadloomError as failure:
             if self._fatal(failure):
                 log.error(
@@ -397,7 +407,8 @@ class QueueWorker:
             log.warning("queue.release_failed", op="release_lease", error=_describe(failure))
             return
         self.server._count("handed_back")
-        log.info("queue.handed_back", op="release_lease", delay_ms=delay.total_seconds() * 1000, error=_describe(error))
+        why = {"reason": "stopped"} if refund else {"error": _describe(error)}
+        log.info("queue.handed_back", op="release_lease", delay_ms=delay.total_seconds() * 1000, refund=refund, **why)
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))

@@ -748,16 +748,20 @@ class ThreadRun:
             error = self._reported(error)
         if release:
             self._release()
-        (self._log.error if fatal else self._log.warning)(
-            "run.failed",
-            op="run",
-            token=self.token,
-            error=_describe(error),
-            error_type=type(error).__name__,
-            error_kind=error_kind(error),
-            steps=self.steps_run,
-            duration_ms=self._ms(self._started_at) if self._started_at else None,
-        )
+        timing = {"steps": self.steps_run, "duration_ms": self._ms(self._started_at) if self._started_at else None}
+        if isinstance(error, CancelledError) and not fatal:
+            # Cancelled by a stop or close: not a failure; the thread stays incomplete for a recovery.
+            self._log.info("run.stopped", op="run", token=self.token, reason="cancelled", **timing)
+        else:
+            (self._log.error if fatal else self._log.warning)(
+                "run.failed",
+                op="run",
+                token=self.token,
+                error=_describe(error),
+                error_type=type(error).__name__,
+                error_kind=error_kind(error),
+                **timing,
+            )
         _set(self.handle._claimed, error=error)
         _set(self.handle._done, error=error)
         self._ended(self)

@@ -48,6 +48,8 @@ class QueueEntry:
         tenant_id: the tenant the run is for (None for the tenant-less).
         status: ``OPEN`` until finished.
         attempts: how many leases the store granted on it (the current lease's ``attempt``).
+        refunded: how many of those leases were handed back with ``release_lease(..., refund=True)`` (a worker
+            that stopped, not a failed try): they do not count against ``ServePolicy.max_attempts``.
         run_ids: every attempt's RunId, in the order recorded (oldest first).
         enqueued_at: when the store enqueued it, by its clock.
         available_at: no lease before this time, by the store's clock (a released lease can push it back).
@@ -64,6 +66,7 @@ class QueueEntry:
     tenant_id: str | None = None
     status: EntryStatus = EntryStatus.OPEN
     attempts: int = 0
+    refunded: int = 0
     run_ids: tuple[str, ...] = attrs.field(default=(), converter=_run_ids)
     enqueued_at: datetime
     available_at: datetime
@@ -76,6 +79,11 @@ class QueueEntry:
     def open(self) -> bool:
         """True while no attempt finished the entry."""
         return self.status is EntryStatus.OPEN
+
+    @property
+    def counted_attempts(self) -> int:
+        """The leases that count as tries: ``attempts`` less those handed back with a refund (``refunded``)."""
+        return self.attempts - self.refunded
 
 
 @attrs.frozen(kw_only=True)

@@ -202,12 +202,13 @@ def decode_queue_entry(
 
     Args:
         row: ``(entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by,
-            lease_expires_at, available_at, enqueued_at, finished_at, error)``, times as the store keeps them.
+            lease_expires_at, available_at, enqueued_at, finished_at, error, refunded)``, times as the store keeps
+            them.
         run_ids: the RunIds the entry recorded, in order.
         when: turns one stored time (never None) into an aware UTC datetime.
     """
     (entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by, lease_expires_at,
-     available_at, enqueued_at, finished_at, error) = row
+     available_at, enqueued_at, finished_at, error, refunded) = row
     with _decoding("run-queue entry", thread_id):
         return QueueEntry(
             entry_id=entry_id,
@@ -217,6 +218,7 @@ def decode_queue_entry(
             tenant_id=tenant_id,
             status=EntryStatus(status),
             attempts=attempts,
+            refunded=refunded,
             run_ids=tuple(run_ids),
             enqueued_at=when(enqueued_at),
             available_at=when(available_at),

@@ -257,8 +257,10 @@ class ForwardingRunQueue(RunQueue):
     ) -> QueueEntry:
         return self._forward("finish", entry_id, attempt, status=status, error=error)
 
-    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
-        return self._forward("release_lease", entry_id, attempt, delay=delay)
+    def release_lease(
+        self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0), refund: bool = False
+    ) -> None:
+        return self._forward("release_lease", entry_id, attempt, delay=delay, refund=refund)
 
     def take_lease(self, entry_id: int, holder: str, ttl: timedelta, *, force: bool = False) -> Lease | None:
         return self._forward("take_lease", entry_id, holder, ttl, force=force)

@@ -173,11 +173,18 @@ class RunQueue(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
+    def release_lease(
+        self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0), refund: bool = False
+    ) -> None:
         """Gives lease ``attempt`` back unfinished: the entry is leasable again ``delay`` from now.
 
         A worker that stops, or that finds the thread busy, hands the entry on this way instead of letting
         the lease expire. An attempt that is not the current lease changes nothing (like a claim's release).
+
+        With ``refund``, the lease does not count as a try: the entry's ``refunded`` goes up by one, so its
+        ``counted_attempts`` is as before the lease (a worker that stopped gracefully hands back this way). The
+        attempt numbers themselves never go back: the next lease's ``attempt`` is still one more, and the
+        refunded attempt stays fenced out.
 
         Raises:
             ValidationError, ProcessingError: as :meth:`lease`.
@@ -360,13 +367,17 @@ class QueueBase(SlowCalls, RunQueue):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("finish", None, started)
 
-    def release_lease(self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0)) -> None:
+    def release_lease(
+        self, entry_id: int, attempt: int, *, delay: timedelta = timedelta(0), refund: bool = False
+    ) -> None:
         _entry_id("entry_id", entry_id)
         v.check_int("attempt", attempt, low=1)
         v.check_non_negative_duration("delay", delay)
+        if not isinstance(refund, bool):
+            raise ValidationError("refund", (f"must be True or False, got {type(refund).__name__}",))
         started = self._begin("release_lease")
         try:
-            self._release_lease(entry_id, attempt, delay)
+            self._release_lease(entry_id, attempt, delay, refund)
         finally:
             if started and perf_counter() - started > self._slow_s:
                 self._slow("release_lease", None, started)
@@ -458,7 +469,7 @@ class QueueBase(SlowCalls, RunQueue):
     def _finish(self, entry_id: int, attempt: int, status: EntryStatus, error: str | None) -> QueueEntry: ...
 
     @abc.abstractmethod
-    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None: ...
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta, refund: bool) -> None: ...
 
     @abc.abstractmethod
     def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None: ...

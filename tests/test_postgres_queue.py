@@ -455,6 +455,45 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
     assert [cp.id for cp in store.history("t1", limit=10)] == [later[-1], r1[-1]]
 
 
+def test_a_schema_of_version_5_migrates_its_open_entries_to_refunds(harness: PgHarness, monkeypatch) -> None:
+    steps = postgres_schema.migrations()
+    assert steps[5].name == "0006_queue_refunds.sql"
+    with monkeypatch.context() as patch:  # the schema before refunds: version 5
+        patch.setattr(postgres_schema, "migrations", lambda: steps[:5])
+        harness.open().close()
+    s = harness.schema
+    with raw(harness) as conn:
+        conn.execute(  # an entry the earlier code enqueued and leased twice, and its release function
+            f'INSERT INTO "{s}".run_queue (thread_id, graph_id, input, status, thread_head, attempts, available_at,'
+            " enqueued_at) VALUES ('t1', 'g', 'null', 'open', true, 2, now(), now())"
+        )
+        conn.execute(
+            f'CREATE OR REPLACE FUNCTION "{s}".tl_q_release(bigint, bigint, bigint) RETURNS integer'
+            " LANGUAGE sql AS 'SELECT 1'"
+        )
+        conn.execute(  # tl_q_row as version 2 made it: the entry without refunded
+            f'CREATE OR REPLACE FUNCTION "{s}".tl_q_row(p_entry bigint, p_code integer, p_previous text)'
+            f' RETURNS "{s}".tl_q_result LANGUAGE sql AS $fn$'
+            " SELECT p_code, NULL::bigint, p_previous, q.entry_id, q.thread_id, q.graph_id, q.input, q.tenant_id,"
+            " q.status, q.attempts, q.leased_by, q.lease_expires_at, q.available_at, q.enqueued_at, q.finished_at,"
+            f' q.error, ARRAY[]::text[] FROM "{s}".run_queue q WHERE q.entry_id = p_entry $fn$'
+        )
+    with harness.open() as store:
+        (entry,) = store.queue.entries()
+        assert (entry.attempts, entry.refunded, entry.counted_attempts) == (2, 0, 2)
+        lease = store.queue.lease("w", TTL)
+        assert (lease.attempt, lease.entry.refunded) == (3, 0)
+        store.queue.release_lease(entry.entry_id, lease.attempt, refund=True)
+        assert store.queue.entry(entry.entry_id).counted_attempts == 2
+    with raw(harness) as conn:
+        forms = conn.execute(
+            "SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p JOIN pg_namespace n"
+            " ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname = 'tl_q_release'",
+            (s,),
+        ).fetchall()
+    assert forms == [("p_entry bigint, p_attempt bigint, p_delay_us bigint, p_refund boolean",)]
+
+
 def test_a_schema_with_the_queue_is_refused_by_the_previous_code(harness: PgHarness, monkeypatch) -> None:
     harness.open().close()
     steps = postgres_schema.migrations()

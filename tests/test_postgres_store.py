@@ -345,8 +345,9 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     harness.sibling()
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
-    # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest
-    assert versions == [(1,), (2,), (3,), (4,), (5,)]
+    # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
+    # 6: queue refunds
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -381,7 +382,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     }
     assert sorted(files) == [
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
-        "0005_retract_parent.sql",
+        "0005_retract_parent.sql", "0006_queue_refunds.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
@@ -404,10 +405,11 @@ REPLACED_FORMS = {
         "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
         "text[], text, text[], text[], text[], jsonb) RETURNS void"
     ],
+    6: ["tl_q_release(bigint, bigint, bigint) RETURNS integer"],
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:
@@ -424,7 +426,7 @@ def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
         with psycopg.connect(harness.dsn, autocommit=True) as conn:
             for replaced_by, forms in REPLACED_FORMS.items():
                 for form in forms if replaced_by > version else ():
-                    body = "SELECT" if form.endswith("void") else "SELECT NULL::boolean"
+                    body = "SELECT" if form.endswith("void") else f"SELECT NULL::{form.rsplit(' ', 1)[-1]}"
                     conn.execute(f"CREATE FUNCTION {quoted}.{form.format(s=quoted)} LANGUAGE sql AS '{body}'")
         store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=earlier))
         token = claim(store, "t").token

@@ -200,6 +200,7 @@ def test_enqueue_numbers_entries_in_order_and_keeps_the_input(env):
         (lambda q: q.finish(1, 1, status=EntryStatus.OPEN), "status"),
         (lambda q: q.finish(1, 1, error="bad\x00"), "error"),
         (lambda q: q.entries(limit=0), "limit"),
+        (lambda q: q.release_lease(1, 1, refund=1), "refund"),
         (lambda q: q.open_runs("t1"), "thread_ids"),
         (lambda q: q.take_lease(0, "w", TTL), "entry_id"),
         (lambda q: q.take_lease(1, "", TTL), "holder"),
@@ -372,6 +373,31 @@ def test_release_hands_the_entry_back_after_its_delay(env):
     clock.advance(delay)
     again = queue.lease("w2", TTL)
     assert again.attempt == 2 and again.taken_over_from is None
+
+
+def test_a_refunded_release_does_not_count_the_lease_as_a_try_and_keeps_the_fence(env):
+    _store, queue, _clock = env
+    entry = queue.enqueue("t1", graph_id="g")
+    assert (entry.refunded, entry.counted_attempts) == (0, 0)
+    first = queue.lease("w1", TTL)
+    assert (first.entry.attempts, first.entry.counted_attempts) == (1, 1)
+    queue.release_lease(entry.entry_id, first.attempt, refund=True)
+    refunded = queue.entry(entry.entry_id)
+    assert (refunded.attempts, refunded.refunded, refunded.counted_attempts) == (1, 1, 0)
+    assert refunded.leased_by is None
+    second = queue.lease("w2", TTL)
+    # The attempt number never goes back: the refunded lease stays fenced out.
+    assert second.attempt == 2 and (second.entry.refunded, second.entry.counted_attempts) == (1, 1)
+    queue.release_lease(entry.entry_id, first.attempt, refund=True)  # stale: changes nothing
+    with pytest.raises(StaleLease):
+        queue.renew_lease(entry.entry_id, first.attempt, TTL)
+    assert queue.entry(entry.entry_id).refunded == 1
+    queue.release_lease(entry.entry_id, second.attempt)  # a plain release counts the lease
+    third = queue.lease("w3", TTL)
+    assert (third.attempt, third.entry.refunded, third.entry.counted_attempts) == (3, 1, 2)
+    assert queue.entries(limit=10)[0].refunded == 1  # every read carries it
+    done = queue.finish(entry.entry_id, third.attempt)
+    assert (done.refunded, done.counted_attempts) == (1, 2)
 
 
 def test_entries_page_by_id(env):

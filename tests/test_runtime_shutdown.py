@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from threadloom import CheckpointStatus, ClaimRequest, Commit, EventDraft, SqliteCheckpointer
+from threadloom import CheckpointStatus, ClaimRequest, Commit, EntryStatus, EventDraft, SqliteCheckpointer
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -57,9 +57,9 @@ WORKER = textwrap.dedent(
 class Worker:
     """A worker process serving the queue of ``db``; its stdout lines arrive on ``lines``."""
 
-    def __init__(self, db: str, tmp_path, node_s: float) -> None:
+    def __init__(self, db: str, tmp_path, node_s: float, script: str = WORKER) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WORKER, db, str(node_s)],
+            [sys.executable, "-c", script, db, str(node_s)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -150,6 +150,80 @@ def test_a_second_sigint_abandons_the_node_in_flight_and_exits_130(db, tmp_path)
         latest = store.latest("t1").checkpoint
         assert latest.status is CheckpointStatus.RUNNING and latest.state == {"q": 1}  # the node's step dropped
     _entry_and_claim_are_free(db)
+
+
+TWO_WORKERS = textwrap.dedent(
+    """
+    import sys, time
+    from datetime import timedelta
+    from threadloom import Graph, GraphRuntime, ServePolicy, SqliteCheckpointer, Step
+
+    def node(name, then):
+        def run(state, ctx):
+            sys.stdout.write(f"NODE-STARTED {ctx.thread_id} {name}\\n")  # one write: two nodes print at once
+            sys.stdout.flush()
+            time.sleep(float(sys.argv[2]))
+            state = {**state, name: True}
+            return Step.to(then, state) if then else Step.end(state)
+        return run
+
+    graph = Graph("slow", {"a": node("a", "b"), "b": node("b", "c"), "c": node("c", None)}, entry="a")
+    store = SqliteCheckpointer.open(sys.argv[1])
+    policy = ServePolicy(lease_ttl=timedelta(seconds=120), renew_every=timedelta(seconds=1),
+                         poll_interval=timedelta(milliseconds=50), max_attempts=1)
+    with GraphRuntime(store) as runtime:
+        server = runtime.serve({"slow": graph}, concurrency=2, policy=policy)
+    store.close()
+    print("STOPPED", server.handed_back, server.failed, flush=True)
+    """
+)
+"""A worker of two concurrent runs of a three-node graph whose every node sleeps, allowed one attempt per entry."""
+
+
+def _finished(db: str, entries: int, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while True:
+        with SqliteCheckpointer.open(db) as store:
+            found = store.queue.entries(limit=10)
+        if all(not entry.open for entry in found) and len(found) == entries or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_a_graceful_stop_spends_no_attempt_so_the_next_worker_finishes_every_entry(tmp_path):
+    db = str(tmp_path / "attempts.db")
+    with SqliteCheckpointer.open(db) as store:
+        for thread_id in ("t1", "t2"):
+            store.queue.enqueue(thread_id, graph_id="slow", input={"q": thread_id})
+    first = Worker(db, tmp_path, 3.0, TWO_WORKERS)
+    try:
+        first.wait_for("NODE-STARTED t1 a")
+        first.wait_for("NODE-STARTED t2 a")
+        os.kill(first.process.pid, signal.SIGINT)
+        status, stderr = first.finish(PROMPT_S)
+        first.wait_for("STOPPED")
+    finally:
+        first.kill()
+    assert status == 0, stderr
+    assert any(line.startswith("STOPPED 2 0") for line in first.seen), first.seen  # both handed back, none failed
+    logged = [line for line in first.seen + stderr.splitlines() if "[" in line]
+    assert not [line for line in logged if "[warning" in line or "[error" in line], logged  # a stop is no failure
+    assert sum("run.stopped" in line for line in logged) == 2
+    assert sum("queue.handed_back" in line and "refund=True" in line for line in logged) == 2
+    second = Worker(db, tmp_path, 0.5, TWO_WORKERS)
+    try:
+        entries = _finished(db, 2, 60.0)
+        os.kill(second.process.pid, signal.SIGINT)
+        second.finish(PROMPT_S)
+    finally:
+        second.kill()
+    assert [(entry.status, entry.error) for entry in entries] == [(EntryStatus.COMPLETED, None)] * 2
+    assert [(entry.attempts, entry.counted_attempts) for entry in entries] == [(2, 1)] * 2
+    with SqliteCheckpointer.open(db) as store:
+        for thread_id in ("t1", "t2"):
+            latest = store.latest(thread_id).checkpoint
+            assert latest.status is CheckpointStatus.COMPLETED
+            assert latest.state == {"q": thread_id, "a": True, "b": True, "c": True}
 
 
 def test_events_follow_ends_cleanly_on_sigterm(tmp_path):

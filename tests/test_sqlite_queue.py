@@ -307,7 +307,7 @@ def _tables(path: str) -> set[str]:
 def test_a_file_of_the_previous_schema_version_migrates_forward(
     path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert sqlite_store.SCHEMA_VERSION == 3 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
+    assert sqlite_store.SCHEMA_VERSION == 4 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
     # This code as it was before the queue: schema version 1 (with version 3's claim column while it writes, which
     # this code needs, then dropped: the file is then as version 1 left it).
     with monkeypatch.context() as patch:
@@ -339,7 +339,7 @@ def test_a_file_of_the_previous_schema_version_migrates_forward(
     try:
         rows = raw(path).execute("SELECT version, applied_at FROM schema_version ORDER BY version").fetchall()
         now_us = sqlite_store.codec.to_micros(clock.now())
-        assert rows == [(1, sqlite_store.codec.to_micros(START)), (2, now_us), (3, now_us)]
+        assert rows == [(1, sqlite_store.codec.to_micros(START)), (2, now_us), (3, now_us), (4, now_us)]
         assert {"run_queue", "run_queue_runs"} <= _tables(path)
         store = opened[0]
         assert [cp.id for cp in store.history("t1", limit=10)] == list(reversed(r1 + later))
@@ -352,6 +352,28 @@ def test_a_file_of_the_previous_schema_version_migrates_forward(
     finally:
         for each in opened:
             each.close()
+
+
+def test_a_file_of_version_3_migrates_its_open_entries_to_refunds(
+    path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:  # the code before refunds: version 3, no refunded column
+        patch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:3])
+        patch.setattr(sqlite_schema, "SCHEMA_VERSION", 3)
+        SqliteCheckpointer.open(path, clock=clock).close()
+    conn = raw(path)
+    conn.execute(
+        "INSERT INTO run_queue (thread_id, graph_id, input, status, thread_head, attempts, available_at,"
+        " enqueued_at) VALUES ('t1', 'g', 'null', 'open', 1, 2, 0, 0)"
+    )
+    conn.commit()
+    with SqliteCheckpointer.open(path, clock=clock) as store:
+        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (4,)
+        (entry,) = store.queue.entries()
+        assert (entry.attempts, entry.refunded, entry.counted_attempts) == (2, 0, 2)
+        lease = store.queue.lease("w", TTL)
+        store.queue.release_lease(entry.entry_id, lease.attempt, refund=True)
+        assert store.queue.entry(entry.entry_id).counted_attempts == 2
 
 
 def test_a_file_of_the_queue_version_is_refused_by_the_previous_code(

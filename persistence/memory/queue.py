@@ -35,6 +35,7 @@ class _EntryRow:
     available_at: datetime
     status: EntryStatus = EntryStatus.OPEN
     attempts: int = 0
+    refunded: int = 0
     run_ids: list[str] = attrs.Factory(list)
     leased_by: str | None = None
     lease_expires_at: datetime | None = None
@@ -50,6 +51,7 @@ class _EntryRow:
             tenant_id=self.tenant_id,
             status=self.status,
             attempts=self.attempts,
+            refunded=self.refunded,
             run_ids=tuple(self.run_ids),
             enqueued_at=self.enqueued_at,
             available_at=self.available_at,
@@ -172,7 +174,7 @@ class InMemoryRunQueue(QueueBase):
             row.lease_expires_at = None
             return row.value()
 
-    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta, refund: bool) -> None:
         with self._store._lock:
             try:
                 row = self._current(entry_id, attempt)
@@ -182,6 +184,7 @@ class InMemoryRunQueue(QueueBase):
             row.leased_by = None
             row.lease_expires_at = None
             row.available_at = now + delay
+            row.refunded += int(refund)
 
     def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:
         with self._store._lock:

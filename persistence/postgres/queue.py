@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
-    return codec.decode_queue_entry(row[:13], row[13] or (), as_utc)
+    return codec.decode_queue_entry((*row[:13], row[14]), row[13] or (), as_utc)
 
 
 class PostgresRunQueue(QueueBase):
@@ -162,10 +162,10 @@ class PostgresRunQueue(QueueBase):
             raise self._stale(entry_id, attempt, row)
         return self._entry_of("finish", row)
 
-    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta, refund: bool) -> None:
         delay_us = duration_micros(delay)
         self._db.call(
-            "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us), write=True
+            "release_lease", None, self._sql["Q_RELEASE"], (entry_id, attempt, delay_us, refund), write=True
         )
 
     def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:

@@ -65,12 +65,13 @@ Q_LEASE = "SELECT * FROM {s}.tl_q_lease(%s, %s, %s)"
 Q_RENEW = "SELECT * FROM {s}.tl_q_renew(%s, %s, %s)"
 Q_RECORD = "SELECT * FROM {s}.tl_q_record(%s, %s, %s, %s)"
 Q_FINISH = "SELECT * FROM {s}.tl_q_finish(%s, %s, %s, %s)"
-Q_RELEASE = "SELECT {s}.tl_q_release(%s, %s, %s)"
+Q_RELEASE = "SELECT {s}.tl_q_release(%s, %s, %s, %s)"
 
 _Q_COLUMNS = (
     "q.entry_id, q.thread_id, q.graph_id, q.input, q.tenant_id, q.status, q.attempts, q.leased_by, "
     "q.lease_expires_at, q.available_at, q.enqueued_at, q.finished_at, q.error, "
-    "ARRAY(SELECT r.run_id FROM {s}.run_queue_runs r WHERE r.entry_id = q.entry_id ORDER BY r.position)"
+    "ARRAY(SELECT r.run_id FROM {s}.run_queue_runs r WHERE r.entry_id = q.entry_id ORDER BY r.position), "
+    "q.refunded"
 )
 """An entry as the reads return it: the columns of ``tl_q_result`` after ``code, current, previous``."""
 

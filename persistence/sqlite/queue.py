@@ -8,8 +8,8 @@ one statement (:meth:`Database.read`), and every driver error goes through the p
 read, two leases - from two threads, two stores or two processes over one file - never grant the same entry: the
 second reads the first's lease.
 
-Tables (migration 2 of :data:`threadloom.persistence.sqlite.schema.MIGRATIONS`), times as integer microseconds since
-the epoch by the store's clock:
+Tables (migration 2 of :data:`threadloom.persistence.sqlite.schema.MIGRATIONS`; migration 4 adds ``refunded``, the
+leases handed back with a refund), times as integer microseconds since the epoch by the store's clock:
 
 * ``run_queue`` - one row per entry. ``entry_id`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``, so an id is never
   reused. ``thread_head`` is 1 while the entry is open and no older entry of its thread is open: it is set by
@@ -78,7 +78,7 @@ QUEUE_MIGRATION: tuple[str, ...] = (
 
 _COLUMNS = (
     "entry_id, thread_id, graph_id, input, tenant_id, status, attempts, leased_by, lease_expires_at, available_at,"
-    " enqueued_at, finished_at, error"
+    " enqueued_at, finished_at, error, refunded"
 )
 _SQL_Q_ENQUEUE = (
     "INSERT INTO run_queue (thread_id, graph_id, input, tenant_id, status, thread_head, available_at, enqueued_at)"
@@ -118,7 +118,8 @@ _SQL_Q_NEXT_HEAD = (
     " run_queue_thread WHERE thread_id = ? AND status = 'open' ORDER BY entry_id LIMIT 1)"
 )
 _SQL_Q_RELEASE = (
-    "UPDATE run_queue SET leased_by = NULL, lease_expires_at = NULL, available_at = ? WHERE entry_id = ?"
+    "UPDATE run_queue SET leased_by = NULL, lease_expires_at = NULL, available_at = ?, refunded = refunded + ?"
+    " WHERE entry_id = ?"
 )
 _SQL_Q_ENTRY = f"SELECT {_COLUMNS} FROM run_queue WHERE entry_id = ?"
 _SQL_Q_ENTRY_RUNS = "SELECT run_id FROM run_queue_runs WHERE entry_id = ? ORDER BY position"
@@ -345,16 +346,18 @@ class SqliteRunQueue(QueueBase):
         assert entry is not None
         return entry
 
-    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta) -> None:
-        self._db.write("release_lease", None, self._release_work, entry_id, attempt, delay)
+    def _release_lease(self, entry_id: int, attempt: int, delay: timedelta, refund: bool) -> None:
+        self._db.write("release_lease", None, self._release_work, entry_id, attempt, delay, refund)
 
-    def _release_work(self, conn: sqlite3.Connection, entry_id: int, attempt: int, delay: timedelta) -> None:
+    def _release_work(
+        self, conn: sqlite3.Connection, entry_id: int, attempt: int, delay: timedelta, refund: bool
+    ) -> None:
         try:
             self._current(conn, entry_id, attempt)
         except StaleLease:
             return  # not the current lease: changes nothing, like a claim's release
         available = _later("delay", self._db.now(), delay)
-        conn.execute(_SQL_Q_RELEASE, (to_micros(available), entry_id))
+        conn.execute(_SQL_Q_RELEASE, (to_micros(available), int(refund), entry_id))
 
     def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None:
         return self._db.write("take_lease", None, self._take_work, entry_id, holder, ttl, force)

@@ -98,6 +98,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 3: when the claim was last granted or renewed, by the clock of the process that did it: another process
     # reading it in its own future finds a skewed clock (persistence/sqlite/skew.py).
     ("ALTER TABLE threads ADD COLUMN claim_stamped INTEGER",),
+    # 4: how many of an entry's leases were handed back with a refund (a worker that stopped): they do not count
+    # as tries against ServePolicy.max_attempts (persistence/queue.py, release_lease).
+    ("ALTER TABLE run_queue ADD COLUMN refunded INTEGER NOT NULL DEFAULT 0",),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 

@@ -1,12 +1,5 @@
--- The run queue's functions (version 2), one per queue write; see persistence/postgres/queue.py.
-
-CREATE OR REPLACE FUNCTION {s}.tl_q_row(p_entry bigint, p_code integer, p_previous text) RETURNS {s}.tl_q_result
-LANGUAGE sql AS $fn$
-    SELECT p_code, NULL::bigint, p_previous, q.entry_id, q.thread_id, q.graph_id, q.input, q.tenant_id, q.status,
-           q.attempts, q.leased_by, q.lease_expires_at, q.available_at, q.enqueued_at, q.finished_at, q.error,
-           ARRAY(SELECT r.run_id FROM {s}.run_queue_runs r WHERE r.entry_id = q.entry_id ORDER BY r.position)
-    FROM {s}.run_queue q WHERE q.entry_id = p_entry
-$fn$;
+-- The run queue's functions (version 2), one per queue write; see persistence/postgres/queue.py. tl_q_row (the
+-- entry a function answers) and tl_q_release are in run_queue_refund.sql (version 6).
 
 -- Locks the entry's row and says whether p_attempt is its current lease (rule 2): open, leased, that attempt.
 -- o_current is the attempt of the entry's lease while it is open and leased, else NULL.
@@ -161,23 +154,5 @@ BEGIN
         WHERE entry_id = (SELECT q.entry_id FROM {s}.run_queue q WHERE q.thread_id = v_thread AND q.status = 'open'
                           ORDER BY q.entry_id LIMIT 1);
     RETURN {s}.tl_q_row(p_entry, 0, NULL);
-END
-$fn$;
-
--- release: code 0 released (leasable again after p_delay_us), 1 not the current lease (nothing changed).
-CREATE OR REPLACE FUNCTION {s}.tl_q_release(p_entry bigint, p_attempt bigint, p_delay_us bigint) RETURNS integer
-LANGUAGE plpgsql AS $fn$
-DECLARE
-    f record;
-BEGIN
-    SELECT * INTO f FROM {s}.tl_q_fence(p_entry, p_attempt);
-    IF NOT f.o_ok THEN
-        RETURN 1;
-    END IF;
-    UPDATE {s}.run_queue
-        SET leased_by = NULL, lease_expires_at = NULL,
-            available_at = clock_timestamp() + p_delay_us * interval '1 microsecond'
-        WHERE entry_id = p_entry;
-    RETURN 0;
 END
 $fn$;
