@@ -241,16 +241,21 @@ class CliState:
 
         return url_secrets(self.store_url)
 
-    def store(self, *, create: bool = False, read_only: bool = False) -> Checkpointer:
+    def store(self, *, create: bool = False, read_only: bool = False, quick_check: bool = False) -> Checkpointer:
         """The store named by ``--store``, opened on first use.
 
         Args:
             create: create (and migrate) a SQLite file, or a PostgreSQL schema, that holds no store yet. False
                 (every command that only reads, and ``sweep``): a missing one is refused, so a mistyped path or
-                schema creates nothing.
+                schema creates nothing, and so is a SQLite file that holds no threadloom store (another
+                application's database, an empty file: "... is not a threadloom store"), left byte for byte as
+                it was; a store of an older schema is migrated by a command that writes.
             read_only: the command only reads: a SQLite file is opened read-only (nothing created, migrated or
                 written; a file that holds no threadloom store is refused), and a PostgreSQL schema is neither
                 created nor migrated.
+            quick_check: (``sweep``) before a SQLite file is opened read-write, SQLite's ``quick_check`` of it,
+                through a connection that changes nothing: a damaged file is refused (kind ``StoreCorrupt``) as it
+                was, byte for byte.
 
         Raises:
             CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist, or a
@@ -274,6 +279,8 @@ class CliState:
                 options = self._postgres_options(create)
                 if path is not None and read_only:
                     options["read_only"] = True
+                elif path is not None and not create:
+                    self._check_existing(path, quick_check)
                 self._store = open_store(self.store_url, **options)
             except ValidationError as error:
                 reason = "; ".join(error.problems) if error.field == "url" else str(error)
@@ -290,6 +297,21 @@ class CliState:
                 ) from error
             structlog.get_logger("threadloom.cli").debug("cli.store_opened", store=self.safe_url)
         return self._store
+
+    def _check_existing(self, path: str, quick_check: bool) -> None:
+        """A SQLite file a writing command opens without creating a store: it must hold one (any schema version
+        up to this code's) and, with ``quick_check``, be sound; checked before anything can change the file."""
+        from threadloom.persistence.sqlite import readonly
+        from threadloom.persistence.sqlite.schema import SCHEMA_VERSION
+
+        problems = readonly.check_existing(os.path.abspath(path), 5.0, SCHEMA_VERSION, quick_check=quick_check)
+        if problems:
+            shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+            raise CliError(
+                f"the SQLite file of {self.safe_url!r} is damaged ({shown}); nothing was swept; run "
+                "'threadloom check' and restore a backup",
+                kind="StoreCorrupt",
+            )
 
     def _postgres_options(self, create: bool) -> dict[str, Any]:
         """``open_store``'s options: for a PostgreSQL URL and not ``create``, a config that creates no schema."""

@@ -255,6 +255,30 @@ def test_a_damaged_file_fails_check_and_sweep(tmp_path: pathlib.Path) -> None:
     assert swept.returncode == EXIT_FAILED and "is damaged" in swept.stderr and "nothing was swept" in swept.stderr
 
 
+def _foreign_db(path: pathlib.Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [_foreign_db, lambda path: path.write_bytes(b""), lambda path: path.write_text("not a database\n")],
+    ids=["another-apps-db", "empty-file", "text-file"],
+)
+def test_sweep_refuses_a_file_that_holds_no_threadloom_store_and_changes_nothing(tmp_path: pathlib.Path, make) -> None:
+    path = tmp_path / "other.db"
+    make(path)
+    before = digest(path)
+    swept = threadloom("--store", f"sqlite:///{path}", "sweep")
+    assert swept.returncode == EXIT_FAILED, swept.stderr
+    assert "is not a threadloom store" in swept.stderr and "Traceback" not in swept.stderr
+    assert digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]  # no -wal, no -shm
+
+
 def test_the_library_reports_what_check_found(good: pathlib.Path) -> None:
     with SqliteCheckpointer.open(good) as store:
         assert store.check().ok and store.integrity_check(quick=False) == []

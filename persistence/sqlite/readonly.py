@@ -95,12 +95,15 @@ def _not_a_store(path: str, what: str) -> StoreCorrupt:
     )
 
 
-def check_schema(conn: sqlite3.Connection, path: str, expected: int) -> None:
+def check_schema(conn: sqlite3.Connection, path: str, expected: int, *, older: bool = False) -> None:
     """Refuses a file whose tables are not a threadloom store of schema version ``expected``.
+
+    Args:
+        older: accept an older schema too (a read-write open then migrates it).
 
     Raises:
         StoreCorrupt: not a threadloom store, or its schema is newer than this code.
-        ProcessingError: an older schema (a read-only open never migrates).
+        ProcessingError: an older schema, unless ``older`` (a read-only open never migrates).
         sqlite3.Error: as the driver raised it.
     """
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -116,7 +119,7 @@ def check_schema(conn: sqlite3.Connection, path: str, expected: int) -> None:
             f"the SQLite file {path!r} has schema version {version}, newer than this threadloom's {expected}; "
             "upgrade threadloom to read it",
         )
-    if version < expected:
+    if version < expected and not older:
         raise ProcessingError(
             "open",
             f"the SQLite file {path!r} has schema version {version}, older than this threadloom's {expected}, and "
@@ -134,21 +137,7 @@ def probe(path: str, busy_s: float, expected: int) -> Access:
         StoreCorrupt: an empty file, not a SQLite database, not a threadloom store, a newer schema, a damaged file.
         ProcessingError: an older schema; a ``-wal`` that cannot be read in a directory the caller cannot write.
     """
-    try:
-        with open(path, "rb") as file:
-            header = file.read(100)
-    except FileNotFoundError:
-        raise StoreUnavailable(
-            "open", f"no SQLite file at {path!r}; a read-only open creates nothing: check the path"
-        ) from None
-    except OSError as error:
-        raise StoreUnavailable(
-            "open", f"cannot read the SQLite file {path!r} ({error.strerror}); a read needs read access to the file"
-        ) from None
-    if not header:
-        raise _not_a_store(path, "an empty file")
-    if not header.startswith(SQLITE_MAGIC):
-        raise _not_a_store(path, "not a SQLite database")
+    _check_header(path, "a read-only open creates nothing")
     wal = path + "-wal"
     try:
         if not os.path.exists(wal):
@@ -179,6 +168,55 @@ def probe(path: str, busy_s: float, expected: int) -> Access:
     return Access(immutable=False)
 
 
+def _check_header(path: str, creates_nothing: str) -> None:
+    """Refuses a missing or unreadable file, an empty file, and one that is not a SQLite database."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(100)
+    except FileNotFoundError:
+        raise StoreUnavailable("open", f"no SQLite file at {path!r}; {creates_nothing}: check the path") from None
+    except OSError as error:
+        raise StoreUnavailable(
+            "open", f"cannot read the SQLite file {path!r} ({error.strerror}); a read needs read access to the file"
+        ) from None
+    if not header:
+        raise _not_a_store(path, "an empty file")
+    if not header.startswith(SQLITE_MAGIC):
+        raise _not_a_store(path, "not a SQLite database")
+
+
+def check_existing(path: str, busy_s: float, expected: int, *, quick_check: bool = False) -> list[str]:
+    """Before a read-write open that must not create a store (the command's maintenance writes, such as
+    ``sweep``): checks, changing no file, that ``path`` holds a threadloom store of schema ``expected`` or older
+    (the open then migrates it), and with ``quick_check`` runs SQLite's ``PRAGMA quick_check`` of the file.
+
+    Like :func:`probe`, a file with no ``-wal`` beside it is read through an ``immutable=1`` connection (no lock,
+    no side file), so a file that is refused, or found damaged, is left byte for byte as it was.
+
+    Returns:
+        ``quick_check``'s messages (at most 100): ``[]`` when the file is sound, or when not asked.
+
+    Raises:
+        StoreUnavailable: no file at ``path`` (nothing is created), or it cannot be read.
+        StoreCorrupt: an empty file, not a SQLite database, not a threadloom store ("... is not a threadloom
+            store"), a newer schema, a file too damaged to read its tables.
+    """
+    _check_header(path, "this command creates no store")
+    try:
+        conn = connect(path, busy_s, immutable=not os.path.exists(path + "-wal"))
+        try:
+            check_schema(conn, path, expected, older=True)
+            if not quick_check:
+                return []
+            rows = conn.execute("PRAGMA quick_check(100)").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as error:
+        raise map_error(error, operation="open", thread_id=None, path=path, busy_s=busy_s, closed=False) from None
+    messages = [line for row in rows for line in str(row[0]).splitlines() if line.strip()]
+    return [] if messages == ["ok"] else messages
+
+
 def _check(path: str, busy_s: float, expected: int, *, immutable: bool) -> None:
     conn = connect(path, busy_s, immutable=immutable)
     try:
@@ -187,4 +225,14 @@ def _check(path: str, busy_s: float, expected: int, *, immutable: bool) -> None:
         conn.close()
 
 
-__all__ = ["SQLITE_MAGIC", "STORE_TABLES", "Access", "Stamp", "check_schema", "connect", "probe", "uri"]
+__all__ = [
+    "SQLITE_MAGIC",
+    "STORE_TABLES",
+    "Access",
+    "Stamp",
+    "check_existing",
+    "check_schema",
+    "connect",
+    "probe",
+    "uri",
+]
