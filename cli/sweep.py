@@ -108,23 +108,6 @@ def _confirm_every_event(state: CliState, yes: bool) -> None:
     )
 
 
-def _refuse_a_damaged_file(state: CliState, store: Checkpointer) -> None:
-    """Before a SQLite store is swept, SQLite's ``quick_check`` of the file: a damaged file is refused (exit 1),
-    nothing swept, since the sweep alone reads too little of the file to notice and writing could spread damage."""
-    from threadloom.persistence.sqlite.store import SqliteCheckpointer
-
-    if not isinstance(store, SqliteCheckpointer):
-        return
-    problems = store.integrity_check(quick=True)
-    if problems:
-        shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
-        raise CliError(
-            f"the SQLite file of {state.safe_url!r} is damaged ({shown}); nothing was swept; run 'threadloom check' "
-            "and restore a backup",
-            kind="StoreCorrupt",
-        )
-
-
 def _td_json(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
@@ -171,8 +154,9 @@ def sweep(
     )
     if max_events == 0 and not dry_run:
         _confirm_every_event(state, yes)
-    store = state.store()
-    _refuse_a_damaged_file(state, store)
+    # On SQLite: the file must hold a store, and SQLite's quick_check must find it sound, before it is opened to
+    # write (a damaged file is refused byte for byte as it was: the sweep reads too little to notice damage).
+    store = state.store(quick_check=True)
     policy_json = {
         "max_age_s": _td_json(max_age),
         "max_checkpoints": max_checkpoints,

@@ -251,8 +251,29 @@ def test_a_damaged_file_fails_check_and_sweep(tmp_path: pathlib.Path) -> None:
     _damage_a_page(path)
     code, report = check_json(path)
     assert code == EXIT_FAILED and any(p["check"] == "integrity" for p in report["problems"])
+    before = digest(path)
     swept = threadloom("--store", f"sqlite:///{path}", "sweep")
     assert swept.returncode == EXIT_FAILED and "is damaged" in swept.stderr and "nothing was swept" in swept.stderr
+    assert digest(path) == before  # the check ran before anything could change the file
+
+
+def test_sweep_leaves_a_damaged_file_of_rollback_journal_mode_byte_for_byte(tmp_path: pathlib.Path) -> None:
+    """A damaged copy in rollback-journal mode: ``sweep`` used to switch it to WAL before checking it."""
+    path = tmp_path / "store.db"
+    with open_store(f"sqlite:///{path}") as store:
+        build(store)
+        for i in range(200):
+            store.commit(f"x{i}", Commit(token=store.claim(f"x{i}", ClaimRequest(holder="r", ttl=LONG)).token,
+                                         checkpoint=_checkpoint(f"x{i}", "c", None)))
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    _damage_a_page(path)
+    before = digest(path)
+    swept = threadloom("--store", f"sqlite:///{path}", "sweep")
+    assert swept.returncode == EXIT_FAILED and "nothing was swept" in swept.stderr, swept.stderr
+    assert digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store.db"]
 
 
 def _foreign_db(path: pathlib.Path) -> None:
