@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from datetime import timedelta
@@ -110,6 +111,20 @@ def test_a_backup_refuses_an_existing_file_unless_forced(tmp_path: pathlib.Path)
     with pytest.raises(Exception, match="the store's own file"):
         with SqliteCheckpointer.open(path) as store:
             store.backup(path, overwrite=True)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o444], ids=["0640", "0444"])
+def test_a_backup_gets_the_permission_bits_of_the_store_file(tmp_path: pathlib.Path, mode: int) -> None:
+    path = tmp_path / "store.db"
+    with open_store(f"sqlite:///{path}") as store:
+        store.commit("t", Commit(token=store.claim("t", ClaimRequest(holder="r", ttl=LONG)).token, metadata={"a": "b"}))
+    os.chmod(path, mode)
+    dest = tmp_path / "backup.db"
+    done = threadloom("--store", f"sqlite:///{path}", "backup", str(dest))
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(os.stat(dest).st_mode) == mode  # not the temporary file's 0600
+    with open_store(f"sqlite:///{dest}", read_only=True) as copy:
+        assert copy.check().ok and copy.check().threads == 1
 
 
 def test_a_postgres_backup_prints_the_pg_dump_command_without_the_password() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import tempfile
 
 import attrs
@@ -125,6 +126,8 @@ def _thread_rows(conn: sqlite3.Connection, row: tuple[object, ...]) -> ThreadRow
 def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = False) -> BackupReport:
     """Copies the store into the file ``dest`` (see the module): one consistent snapshot, writers never blocked.
 
+    The copy gets the permission bits of the store's file (owned by the user who runs the backup).
+
     Args:
         db: the store's database (read-only or not).
         dest: the file to write; its directory must exist.
@@ -160,8 +163,14 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
             threads = copy.execute("SELECT count(*) FROM threads").fetchone()[0]
         finally:
             copy.close()
-        with open(partial, "rb+") as file:
-            os.fsync(file.fileno())
+        # The copy gets the store file's permission bits (the temporary file was made 0600); synced with them,
+        # through a read-only descriptor (the bits may not let the owner write).
+        os.chmod(partial, stat.S_IMODE(os.stat(db.path).st_mode))
+        fd = os.open(partial, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         if overwrite:
             os.replace(partial, target)
         else:

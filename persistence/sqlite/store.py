@@ -260,7 +260,8 @@ class SqliteCheckpointer(StoreBase):
 
     def backup(self, dest: str | os.PathLike[str], *, overwrite: bool = False) -> maintenance.BackupReport:
         """Copies the store into the file ``dest``: one consistent snapshot taken while writers go on, complete
-        or absent (written beside ``dest`` and renamed into place once synced), one self-contained file.
+        or absent (written beside ``dest`` and renamed into place once synced), one self-contained file with the
+        permission bits of the store's file.
 
         Args:
             dest: the file to write; its directory must exist.
