@@ -14,6 +14,11 @@ import attrs
 class ThreadloomError(Exception):
     """The root of every error threadloom raises."""
 
+    retryable: ClassVar[bool] = False
+    """Whether the same call may simply be made again as it was: False for every error but
+    :class:`StoreUnavailable` and :class:`OutcomeUnknown`. A contract refusal (``ThreadBusy``, ``StaleClaim``, ...)
+    is never retryable as it is: its message says what to do instead."""
+
 
 @attrs.define(auto_exc=True, str=False)
 class ThreadBusy(ThreadloomError):

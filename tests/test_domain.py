@@ -609,3 +609,21 @@ def test_checkpoints_to_prune() -> None:
     assert rules.checkpoints_to_prune(rows, age, NOW + timedelta(seconds=5) - timedelta(microseconds=1)) == ["c1"]
     assert rules.checkpoints_to_prune(rows, age, NOW + timedelta(days=1)) == ["c1", "c2", "c3"]  # never the latest
     assert rules.checkpoints_to_prune([], age, NOW) == []
+
+
+def test_every_exported_error_says_whether_it_is_retryable() -> None:
+    """README: every ``ThreadloomError`` has ``error.retryable``; only the storage's passing kinds are True."""
+    import threadloom
+
+    exported = {
+        name: getattr(threadloom, name)
+        for name in threadloom.__all__
+        if isinstance(getattr(threadloom, name), type) and issubclass(getattr(threadloom, name), BaseException)
+    }
+    assert "ThreadBusy" in exported and "StaleClaim" in exported and "ThreadloomError" in exported
+    assert all(issubclass(kind, threadloom.ThreadloomError) for kind in exported.values()), exported
+    retryable = {name for name, kind in exported.items() if kind.retryable is True}
+    assert retryable == {"StoreUnavailable", "OutcomeUnknown"}
+    assert all(kind.retryable is False for name, kind in exported.items() if name not in retryable)
+    busy = threadloom.ThreadBusy("t1", None, threadloom.BusyHolder.UNNAMED)
+    assert busy.retryable is False and threadloom.StaleClaim("t1", 3, 4).retryable is False
