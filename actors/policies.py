@@ -20,6 +20,21 @@ def _positive(field: str):
     return lambda _inst, _attr, value: v.check_positive_duration(field, value)
 
 
+RENEW_EVERY = timedelta(seconds=10)
+"""The longest renewal period a policy derives when none is given: ``min(RENEW_EVERY, ttl / 3)``."""
+
+
+def _derived_renewal(ttl_field: str):
+    """The default of a policy's ``renew_every``: 10 s, or a third of its ttl when that is shorter, so a short
+    ttl alone makes a valid policy (a bad ttl is left to the ttl's own check)."""
+
+    def derive(policy: Any) -> Any:
+        ttl = getattr(policy, ttl_field)
+        return min(RENEW_EVERY, ttl / 3) if isinstance(ttl, timedelta) else RENEW_EVERY
+
+    return attrs.Factory(derive, takes_self=True)
+
+
 @attrs.frozen(kw_only=True)
 class ClaimPolicy:
     """How a run holds its thread: claimed for ``ttl``, renewed every ``renew_every``.
@@ -29,14 +44,17 @@ class ClaimPolicy:
 
     Attributes:
         ttl: how long a claim lives without renewal (> 0; default 30 s).
-        renew_every: how often a live run renews it, by the runtime's clock (> 0 and < ``ttl``; default 10 s).
+        renew_every: how often a live run renews it, by the runtime's clock (> 0 and < ``ttl``). Default: 10 s,
+            or a third of ``ttl`` when that is shorter (``ClaimPolicy(ttl=timedelta(seconds=3))`` renews every 1 s).
 
     Raises:
-        ValidationError: a duration is not positive, or ``renew_every >= ttl``.
+        ValidationError: a duration is not positive, or a ``renew_every`` given is not shorter than ``ttl``.
     """
 
     ttl: timedelta = attrs.field(default=timedelta(seconds=30), validator=_positive("claim_policy.ttl"))
-    renew_every: timedelta = attrs.field(default=timedelta(seconds=10), validator=_positive("claim_policy.renew_every"))
+    renew_every: timedelta = attrs.field(
+        default=_derived_renewal("ttl"), validator=_positive("claim_policy.renew_every")
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.renew_every >= self.ttl:
@@ -73,7 +91,8 @@ class ServePolicy:
 
     Attributes:
         lease_ttl: how long a lease lives without renewal (> 0; default 30 s), by the store's clock.
-        renew_every: how often a worker renews its lease while the run goes on (< ``lease_ttl``; default 10 s).
+        renew_every: how often a worker renews its lease while the run goes on (< ``lease_ttl``). Default: 10 s,
+            or a third of ``lease_ttl`` when that is shorter.
         poll_interval: how long a worker waits before asking again when nothing is leasable (default 250 ms).
         busy_delay: how long an entry whose thread another run holds waits before it is leased again
             (default 1 s).
@@ -82,7 +101,9 @@ class ServePolicy:
     """
 
     lease_ttl: timedelta = attrs.field(default=timedelta(seconds=30), validator=_positive("serve_policy.lease_ttl"))
-    renew_every: timedelta = attrs.field(default=timedelta(seconds=10), validator=_positive("serve_policy.renew_every"))
+    renew_every: timedelta = attrs.field(
+        default=_derived_renewal("lease_ttl"), validator=_positive("serve_policy.renew_every")
+    )
     poll_interval: timedelta = attrs.field(
         default=timedelta(milliseconds=250), validator=_positive("serve_policy.poll_interval")
     )

@@ -22,6 +22,7 @@ from threadloom import (
     InvalidRunState,
     RunFailed,
     SequentialIds,
+    ServePolicy,
     Step,
     TenantMismatch,
     ThreadBusy,
@@ -287,6 +288,37 @@ def test_bad_arguments_are_validation_errors(runtime):
         ClaimPolicy(ttl=timedelta(seconds=1), renew_every=timedelta(seconds=1))
     with pytest.raises(ValidationError):
         Graph("g", {"a": lambda s, c: Step.end(s)}, entry="b")
+
+
+def test_a_short_ttl_alone_makes_a_policy_that_renews_in_time(store):
+    """``ClaimPolicy(ttl=3 s)`` used to be refused (the default renew_every, 10 s, is not shorter)."""
+    assert ClaimPolicy(ttl=timedelta(seconds=3)).renew_every == timedelta(seconds=1)
+    assert ClaimPolicy().renew_every == timedelta(seconds=10)
+    assert ClaimPolicy(ttl=timedelta(minutes=5)).renew_every == timedelta(seconds=10)
+    assert ServePolicy(lease_ttl=timedelta(seconds=3)).renew_every == timedelta(seconds=1)
+    with pytest.raises(ValidationError) as caught:  # an explicit renew_every is still checked against the ttl
+        ClaimPolicy(ttl=timedelta(seconds=3), renew_every=timedelta(seconds=10))
+    assert caught.value.field == "claim_policy.renew_every"
+    with pytest.raises(ValidationError) as caught:
+        ClaimPolicy(ttl=timedelta(0))
+    assert caught.value.field == "claim_policy.ttl"
+    # A node that runs for three times the ttl keeps its claim: the derived renewals (every ttl / 3) hold it.
+    ttl = timedelta(milliseconds=600)
+    started = threading.Event()
+
+    def slow(state, ctx):
+        started.set()
+        time.sleep(3 * ttl.total_seconds())
+        return Step.end({"slow": True})
+
+    with GraphRuntime(store, node_id="n1", claim_policy=ClaimPolicy(ttl=ttl)) as runtime:
+        handle = runtime.start("t1", Graph("slow", {"slow": slow}, entry="slow"), {})
+        assert started.wait(WAIT.total_seconds())
+        time.sleep(2 * ttl.total_seconds())
+        with pytest.raises(ThreadBusy):  # still held, past two ttls
+            store.claim("t1", ClaimRequest(holder="other", ttl=ttl))
+        outcome = handle.wait(WAIT)
+    assert outcome.status is CheckpointStatus.COMPLETED and outcome.state == {"slow": True}
 
 
 def test_a_busy_thread_names_its_holder_to_the_same_tenant_only(runtime, store):
