@@ -63,6 +63,23 @@ def test_max_json_size_is_an_option_of_every_store_and_refuses_a_larger_record_u
             assert store.max_json_size == DEFAULT_MAX_JSON_SIZE == 16 * 1024 * 1024, name
 
 
+def test_the_limit_counts_the_stored_record_not_the_state_alone(tmp_path: Path) -> None:
+    """README "Limits": a checkpoint record is its state plus about 200 characters of its other fields."""
+    for name, store in _stores(tmp_path, max_json_size=1000):
+        with store:
+            token = store.claim("t", ClaimRequest(holder="r", ttl=timedelta(minutes=5))).token
+            state = {"x": "a" * 900}  # 910 characters of JSON: under the limit by itself
+            assert len(json.dumps(state, separators=(",", ":"))) < 1000
+            with pytest.raises(ValidationError) as info:
+                store.commit("t", Commit(token=token, checkpoint=_checkpoint("c1", None, state)))
+            assert info.value.field == "commit.checkpoint.state", name
+            stored = int(info.value.problems[0].split(" characters")[0].replace("is ", "").replace(",", ""))
+            assert 900 + 150 < stored < 900 + 250, (name, info.value.problems)  # about 200 more than the state
+            fits = {"x": "a" * (1000 - 200 - 20)}
+            store.commit("t", Commit(token=token, checkpoint=_checkpoint("c1", None, fits)))
+            assert store.latest("t").checkpoint.state == fits, name
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "16", 1.5, MAX_MAX_JSON_SIZE + 1])
 def test_a_bad_max_json_size_is_refused_naming_it(tmp_path: Path, bad: object) -> None:
     with pytest.raises(ValidationError) as info:
