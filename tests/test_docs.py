@@ -21,10 +21,10 @@ def test_every_metric_and_run_event_type_is_in_the_operator_docs() -> None:
     assert [kind for kind in sorted(RUN_EVENTS) if f"`{kind}`" not in OPERATIONS] == []
 
 
-def test_the_readme_links_the_docs_and_lists_every_visible_command() -> None:
+def test_the_readme_links_the_docs_and_lists_every_command() -> None:
     assert "docs/operations.md" in README
-    hidden = {name for name, entry in LAZY_COMMANDS.items() if entry.hidden}
-    assert [name for name in LAZY_COMMANDS if name not in hidden and f"| `{name}" not in README] == []
+    # Hidden ones too: `demo-worker` is not listed by --help, but the README says it writes.
+    assert [name for name in LAZY_COMMANDS if f"| `{name} " not in README and f"| `{name}`" not in README] == []
 
 
 def test_the_license_file_is_the_one_pyproject_names() -> None:

@@ -35,13 +35,3 @@ def test_the_agent_runs_section_runs_as_written(tmp_path: pathlib.Path) -> None:
     ], done.stdout
     assert (tmp_path / "agent.db").exists()
 
-
-def test_the_command_table_has_a_row_for_every_command() -> None:
-    """README "The `threadloom` command": one row per command of the CLI, hidden ones (``demo-worker``) included."""
-    from threadloom.cli.main import LAZY_COMMANDS
-
-    text = README.read_text(encoding="utf-8")
-    start = text.index("\n## The `threadloom` command\n")
-    section = text[start : text.index("\n## ", start + 1)]
-    rows = {match.group(1) for match in re.finditer(r"^\| `([a-z][a-z-]*)[ `]", section, flags=re.MULTILINE)}
-    assert set(LAZY_COMMANDS) <= rows, sorted(set(LAZY_COMMANDS) - rows)
