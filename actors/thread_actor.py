@@ -463,6 +463,7 @@ class ThreadRun:
             token=self.token,
             turn_id=self.turn,
             record_intent=self._record_intent,
+            max_json_size=getattr(self.env.store, "max_json_size", None),
         )
         fn = graph.nodes[node]
         state = copy.deepcopy(self.state)

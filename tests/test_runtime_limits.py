@@ -2,8 +2,8 @@
 
 The refusal is the same on every retry, so the run commits a FAILED checkpoint without the refused step (its
 state, events and effect records) and ends with ``RunFailed``; the thread is settled, not left RUNNING for a
-recovery that would run the node (and its effects) again. Every test runs over a real in-memory store and a real
-SQLite file.
+recovery that would run the node (and its effects) again. An effect result over the limit fails the node as
+soon as ``fn`` returns. Every test runs over a real in-memory store and a real SQLite file.
 """
 
 from __future__ import annotations
@@ -72,6 +72,42 @@ def _settled_failed(store, thread_id: str, state: object):
     assert cp.status is CheckpointStatus.FAILED and cp.state == state
     assert store.current_claim(thread_id) is None  # released
     return cp
+
+
+def test_an_effect_result_over_max_json_size_fails_the_node_once_and_is_not_called_again(runtime, store):
+    calls = Counter()
+
+    def pay(state, ctx):
+        ctx.emit("paying", {"amount": 5})
+        return Step.end({**state, "receipt": ctx.effect("pay", lambda key: calls(BIG))})
+
+    graph = Graph("pay", {"pay": pay}, entry="pay")
+    handle = runtime.start("t1", graph, {"amount": 5})
+    error = _failed(handle)
+    cause = error.__cause__
+    assert isinstance(cause, ValidationError) and "'pay'" in cause.field
+    assert f"{LIMIT:,}" in cause.problems[0] and "max_json_size" in cause.problems[0]
+    assert "'pay'" in str(error) and "max_json_size" in str(error)
+    cp = _settled_failed(store, "t1", {"amount": 5})
+    assert "max_json_size" in cp.metadata[g.ERROR_KEY]
+    keys = effect_keys("t1", "pay", turn_id=handle.run_id)
+    assert store.effect("t1", keys.record) is None
+    assert store.effect("t1", keys.intent) is not None
+    events = [event.type for event in store.events_after("t1", 0, 100)]
+    assert "paying" in events and events[-1] == g.EVENT_RUN_FAILED  # the node's own events are kept
+    for _ in range(3):
+        with pytest.raises(InvalidRunState):
+            runtime.recover("t1", graph)
+    assert calls.n == 1
+
+
+def test_an_effect_result_within_max_json_size_is_recorded(runtime, store):
+    def node(state, ctx):
+        return Step.end({"n": len(ctx.effect("small", lambda: "y" * 1000))})
+
+    handle = runtime.start("t1", Graph("ok", {"node": node}, entry="node"), {})
+    assert handle.wait(WAIT).state == {"n": 1000}
+    assert store.effect("t1", effect_keys("t1", "small", turn_id=handle.run_id).record).result == "y" * 1000
 
 
 @pytest.mark.parametrize("part", ["state", "event", "step_event"])
