@@ -149,6 +149,29 @@ def _effect_call(fn: Any) -> Callable[[str], Any]:
     raise ValidationError("fn", ("must be callable as fn() or fn(idempotency_key): it needs more arguments",))
 
 
+def _check_on_uncertain(on_uncertain: Any) -> None:
+    """Checks ``ctx.effect``'s ``on_uncertain`` up front: ``"repeat"``, ``"raise"``, or a callable that takes the
+    idempotency key as its one positional argument (it is called only on a re-execution, during a recovery).
+
+    Raises:
+        ValidationError: naming ``on_uncertain``.
+    """
+    if isinstance(on_uncertain, str) and on_uncertain in ("repeat", "raise"):
+        return
+    if not callable(on_uncertain):
+        raise ValidationError("on_uncertain", ("must be 'repeat', 'raise' or a callable of the idempotency key",))
+    try:
+        signature = inspect.signature(on_uncertain)
+    except (TypeError, ValueError):  # a builtin without a signature: called as given
+        return
+    try:
+        signature.bind("idempotency-key")
+    except TypeError as error:
+        raise ValidationError(
+            "on_uncertain", (f"must be callable as on_uncertain(idempotency_key), one positional argument: {error}",)
+        ) from None
+
+
 def _node_event_type(field: str, value: Any) -> str:
     """A node's event type: an id outside the runtime's reserved ``threadloom.`` names."""
     kind = v.check_id(field, value)
@@ -404,13 +427,14 @@ class NodeContext:
                 ``"raise"`` raises :class:`~threadloom.domain.errors.EffectMayHaveRun` instead (the node may
                 catch it, e.g. to suspend for a person to check); a callable ``on_uncertain(idempotency_key)``
                 is called instead of ``fn`` (e.g. to ask the provider what happened) and its JSON result is
-                recorded as the effect's.
+                recorded as the effect's; it must take the key as one positional argument (checked at once).
 
         Returns:
             The effect's result (a JSON value): ``fn``'s, ``on_uncertain``'s, or the recorded one.
 
         Raises:
-            ValidationError: a bad ``key``, ``scope`` or ``on_uncertain``; ``fn`` takes more than one argument;
+            ValidationError: a bad ``key``, ``scope`` or ``on_uncertain`` (also a callable that cannot take the
+                idempotency key as one positional argument); ``fn`` takes more than one argument;
                 or the result is not JSON or its record would be longer than the store's ``max_json_size``
                 (nothing is recorded then; the node fails unless it catches it, and a re-execution of the step
                 finds the intent without a result).
@@ -423,8 +447,7 @@ class NodeContext:
         """
         if scope not in ("turn", "thread"):
             raise ValidationError("scope", (f"must be 'turn' or 'thread', got {scope!r}",))
-        if on_uncertain not in ("repeat", "raise") and not callable(on_uncertain):
-            raise ValidationError("on_uncertain", ("must be 'repeat', 'raise' or a callable of the idempotency key",))
+        _check_on_uncertain(on_uncertain)
         keys = effect_keys(self.thread_id, key, turn_id=self.turn_id if scope == "turn" else None)
         call = _effect_call(fn)
         if keys.record in self._effects:
