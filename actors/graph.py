@@ -35,6 +35,7 @@ from threadloom.actors.policies import ChildRetention
 from threadloom.domain import validation as v
 from threadloom.domain.errors import EffectMayHaveRun, ValidationError
 from threadloom.domain.values import CheckpointOrigin, CheckpointStatus, EffectRecord, EventDraft
+from threadloom.persistence.encoded import encode_effect
 
 if TYPE_CHECKING:
     from threadloom.actors.runs import RunHandle
@@ -146,6 +147,29 @@ def _effect_call(fn: Any) -> Callable[[str], Any]:
     if not required:
         return lambda _key: fn()
     raise ValidationError("fn", ("must be callable as fn() or fn(idempotency_key): it needs more arguments",))
+
+
+def _check_on_uncertain(on_uncertain: Any) -> None:
+    """Checks ``ctx.effect``'s ``on_uncertain`` up front: ``"repeat"``, ``"raise"``, or a callable that takes the
+    idempotency key as its one positional argument (it is called only on a re-execution, during a recovery).
+
+    Raises:
+        ValidationError: naming ``on_uncertain``.
+    """
+    if isinstance(on_uncertain, str) and on_uncertain in ("repeat", "raise"):
+        return
+    if not callable(on_uncertain):
+        raise ValidationError("on_uncertain", ("must be 'repeat', 'raise' or a callable of the idempotency key",))
+    try:
+        signature = inspect.signature(on_uncertain)
+    except (TypeError, ValueError):  # a builtin without a signature: called as given
+        return
+    try:
+        signature.bind("idempotency-key")
+    except TypeError as error:
+        raise ValidationError(
+            "on_uncertain", (f"must be callable as on_uncertain(idempotency_key), one positional argument: {error}",)
+        ) from None
 
 
 def _node_event_type(field: str, value: Any) -> str:
@@ -319,6 +343,7 @@ class NodeContext:
         token: int | None = None,
         turn_id: str | None = None,
         record_intent: Callable[[EffectRecord], None] | None = None,
+        max_json_size: int | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -331,6 +356,7 @@ class NodeContext:
         self._now = now
         self._read_effect = read_effect
         self._record_intent = record_intent
+        self._max_json_size = max_json_size  # the store's: an effect record longer than this is never committed
         self._start_child = start_child
         self._token = token  # the run's claim on this thread: it fences a child's admission
         self._events: list[EventDraft] = []
@@ -393,21 +419,25 @@ class NodeContext:
 
         Args:
             key: names the effect within its scope (an id).
-            fn: ``fn()`` or ``fn(idempotency_key)``; returns a JSON value. Runs on the node's thread.
+            fn: ``fn()`` or ``fn(idempotency_key)``; returns a JSON value whose effect record fits the store's
+                ``max_json_size`` (README "Limits"). Runs on the node's thread.
             scope: ``"turn"`` (default) or ``"thread"``.
             on_uncertain: what to do when an intent was recorded but no result (an earlier execution may have
                 called ``fn``): ``"repeat"`` (default) calls ``fn`` again with the same idempotency key;
                 ``"raise"`` raises :class:`~threadloom.domain.errors.EffectMayHaveRun` instead (the node may
                 catch it, e.g. to suspend for a person to check); a callable ``on_uncertain(idempotency_key)``
                 is called instead of ``fn`` (e.g. to ask the provider what happened) and its JSON result is
-                recorded as the effect's.
+                recorded as the effect's; it must take the key as one positional argument (checked at once).
 
         Returns:
             The effect's result (a JSON value): ``fn``'s, ``on_uncertain``'s, or the recorded one.
 
         Raises:
-            ValidationError: a bad ``key``, ``scope`` or ``on_uncertain``; ``fn`` takes more than one argument;
-                or the result is not JSON (nothing is recorded then; the node fails unless it catches it).
+            ValidationError: a bad ``key``, ``scope`` or ``on_uncertain`` (also a callable that cannot take the
+                idempotency key as one positional argument); ``fn`` takes more than one argument;
+                or the result is not JSON or its record would be longer than the store's ``max_json_size``
+                (nothing is recorded then; the node fails unless it catches it, and a re-execution of the step
+                finds the intent without a result).
             EffectMayHaveRun: ``on_uncertain="raise"`` and an earlier execution may have called ``fn``.
             StaleClaim: the run lost its thread before ``fn`` was called (the node ends without a FAILED
                 checkpoint).
@@ -417,8 +447,7 @@ class NodeContext:
         """
         if scope not in ("turn", "thread"):
             raise ValidationError("scope", (f"must be 'turn' or 'thread', got {scope!r}",))
-        if on_uncertain not in ("repeat", "raise") and not callable(on_uncertain):
-            raise ValidationError("on_uncertain", ("must be 'repeat', 'raise' or a callable of the idempotency key",))
+        _check_on_uncertain(on_uncertain)
         keys = effect_keys(self.thread_id, key, turn_id=self.turn_id if scope == "turn" else None)
         call = _effect_call(fn)
         if keys.record in self._effects:
@@ -447,7 +476,7 @@ class NodeContext:
         self._intend(key, scope, keys)
         result = call(keys.idempotency)
         v.check_json(f"effect {key!r} result", result)
-        self._effects[keys.record] = EffectRecord(
+        record = EffectRecord(
             key=keys.record,
             run_id=self.run_id,
             recorded_at=self._now(),
@@ -455,7 +484,25 @@ class NodeContext:
             checkpoint_id=self.checkpoint_id,
             task_id=self.task_id,
         )
+        self._check_size(key, record)
+        self._effects[keys.record] = record
         return result
+
+    def _check_size(self, key: str, record: EffectRecord) -> None:
+        """Refuses an effect record the step's commit would refuse as longer than the store's ``max_json_size``
+        (measured as the commit measures it), so the node fails now instead of every commit of its step."""
+        limit = self._max_json_size
+        if limit is None:
+            return
+        size = len(encode_effect(record).text)
+        if size > limit:
+            raise ValidationError(
+                f"effect {key!r} result",
+                (
+                    f"is {size:,} characters of JSON as stored, over the store's limit of {limit:,} per record "
+                    "(max_json_size); the result was not recorded",
+                ),
+            )
 
     def _intend(self, key: str, scope: str, keys: EffectKeys) -> None:
         """Records the intent to call an effect's function (a commit of its own, fenced by the run's claim)

@@ -108,6 +108,8 @@ class _PendingCommit:
     graph_node: str | None
     applied: Callable[[], None]
     since: datetime
+    refused: Callable[[ValidationError], None] | None = None
+    """What to do when the store refuses the commit as invalid (the same commit would be refused again)."""
     failures: int = 0
 
 
@@ -244,15 +246,24 @@ class ThreadRun:
             duration_ms=self._ms(started),
         )
 
-    def _commit_then(self, commit: Commit, graph_node: str | None, applied: Callable[[], None]) -> None:
+    def _commit_then(
+        self,
+        commit: Commit,
+        graph_node: str | None,
+        applied: Callable[[], None],
+        refused: Callable[[ValidationError], None] | None = None,
+    ) -> None:
         """Commits a step's ``commit`` and then calls ``applied``; ends the run if the store refuses or fails.
+
+        A ``ValidationError`` (e.g. a record over the store's ``max_json_size``: nothing applied, and the same
+        commit is refused again, so it is never retried) is handed to ``refused`` when given, else ends the run.
 
         A ``StoreUnavailable`` (nothing applied) is tried again after a pause (``retry_pause``: 50 ms doubling
         to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
         since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
         at once, without the step (a recovery runs its node again).
         """
-        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now())
+        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused)
         self._try_pending()
 
     def _try_pending(self) -> None:
@@ -263,6 +274,13 @@ class ThreadRun:
         except StaleClaim as error:
             self._pending = None
             self._finish_error(error, release=False)
+            return
+        except ValidationError as error:
+            self._pending = None
+            if pending.refused is not None:
+                pending.refused(error)
+            else:
+                self._finish_error(error, release=True)
             return
         except Exception as error:
             now = self.env.clock.now()
@@ -445,6 +463,7 @@ class ThreadRun:
             token=self.token,
             turn_id=self.turn,
             record_intent=self._record_intent,
+            max_json_size=getattr(self.env.store, "max_json_size", None),
         )
         fn = graph.nodes[node]
         state = copy.deepcopy(self.state)
@@ -546,7 +565,14 @@ class ThreadRun:
         except Exception as error:
             self._finish_error(error, release=True)
             return
-        self._commit_then(commit, message.node, lambda: self._step_applied(cp, step))
+        # A step the store refuses as invalid (a record over max_json_size) would be refused on every retry
+        # and by every recovery, which would run the node again: the run fails instead, without the step.
+        self._commit_then(
+            commit,
+            message.node,
+            lambda: self._step_applied(cp, step),
+            lambda refusal: self._fail_node(message.node, _describe(refusal), [], [], cause=refusal),
+        )
 
     def _step_applied(self, cp: Checkpoint, step: Step) -> None:
         """Goes on after a step's commit applied: the next node, the run's end, or the stop a cancel asked for."""
@@ -563,7 +589,11 @@ class ThreadRun:
     def _fail_node(
         self, node: str, message: str, events: list, effects: list, cause: BaseException | None = None
     ) -> None:
-        """Commits a FAILED checkpoint (state unchanged, the node's events and effects kept) and ends the run."""
+        """Commits a FAILED checkpoint (state unchanged, the node's events and effects kept) and ends the run.
+
+        If the store refuses the node's events or effects as invalid (over ``max_json_size``), the FAILED
+        checkpoint is committed without them.
+        """
         error = RunFailed(self.spec.thread_id, self.spec.run_id, node, message)
         if cause is not None:
             error.__cause__ = cause
@@ -589,7 +619,10 @@ class ThreadRun:
             self.base = cp
             self._finish_error(error, release=True)
 
-        self._commit_then(commit, node, applied)
+        def refused(_refusal: ValidationError) -> None:
+            self._fail_node(node, message, [], [], cause=cause)
+
+        self._commit_then(commit, node, applied, refused if events or effects else None)
 
     def renew_due(self, generation: int) -> None:
         """Renews the claim (the renewal timer fired); a ``StaleClaim`` marks the run lost."""

@@ -112,6 +112,11 @@ class ForwardingCheckpointer(Checkpointer):
             self._inner.close()
 
     @property
+    def max_json_size(self) -> int | None:
+        """The inner store's ``max_json_size`` (characters of JSON per record); None when it has none."""
+        return getattr(self._inner, "max_json_size", None)
+
+    @property
     def queue(self) -> RunQueue | None:  # type: ignore[override]
         """The inner store's run queue (its calls are not forwarded through this wrapper); None without one."""
         return self._inner.queue if self._inner is not None else None

@@ -175,6 +175,9 @@ def test_the_keys_of_an_effect_depend_on_thread_turn_and_key_only():
         (lambda ctx: ctx.effect("k", "not callable"), "fn"),
         (lambda ctx: ctx.effect("k", lambda: 1, scope="run"), "scope"),
         (lambda ctx: ctx.effect("k", lambda: 1, on_uncertain="ignore"), "on_uncertain"),
+        (lambda ctx: ctx.effect("k", lambda: 1, on_uncertain=lambda: 1), "on_uncertain"),
+        (lambda ctx: ctx.effect("k", lambda: 1, on_uncertain=lambda *, idempotency_key: 1), "on_uncertain"),
+        (lambda ctx: ctx.effect("k", lambda: 1, on_uncertain=lambda key, other: 1), "on_uncertain"),
         (lambda ctx: ctx.effect("", lambda: 1), "key"),
     ],
 )
@@ -188,6 +191,17 @@ def test_bad_effect_arguments_fail_the_node_with_nothing_recorded(runtime, store
         handle.wait(WAIT)
     assert isinstance(caught.value.__cause__, ValidationError) and caught.value.__cause__.field == field
     assert store.effect("t1", effect_keys("t1", "k", turn_id=handle.run_id).intent) is None
+
+
+def test_an_on_uncertain_callable_taking_the_key_as_one_positional_argument_is_accepted(runtime, store):
+    def node(state, ctx):
+        for index, choice in enumerate([lambda key, extra=None: 1, lambda *args: 1, lambda key, /: 1, str]):
+            ctx.effect(f"k{index}", lambda: index, on_uncertain=choice)
+        return Step.end(state)
+
+    assert runtime.start("t1", Graph("ok", {"node": node}, entry="node"), {}).wait(WAIT).status is (
+        CheckpointStatus.COMPLETED
+    )
 
 
 def test_a_recovered_run_continues_its_turn_and_reads_that_turns_records(runtime, store):
