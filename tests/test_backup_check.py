@@ -112,6 +112,52 @@ def test_a_backup_refuses_an_existing_file_unless_forced(tmp_path: pathlib.Path)
             store.backup(path, overwrite=True)
 
 
+def _small_store(path: pathlib.Path) -> None:
+    with open_store(f"sqlite:///{path}") as store:
+        store.commit("t", Commit(token=store.claim("t", ClaimRequest(holder="r", ttl=LONG)).token, metadata={"a": "b"}))
+
+
+@pytest.mark.parametrize("companion", ["-wal", "-shm", "-journal"])
+def test_a_backup_never_writes_over_the_stores_companion_files_even_forced(
+    tmp_path: pathlib.Path, companion: str
+) -> None:
+    """A backup written over the store's -wal would lose every commit in it once the writer stops."""
+    path = tmp_path / "store.db"
+    _small_store(path)
+    with open_store(f"sqlite:///{path}") as writer:  # a writer keeps the -wal and -shm in place
+        writer.commit("u", Commit(token=writer.claim("u", ClaimRequest(holder="r", ttl=LONG)).token))
+        own = pathlib.Path(str(path) + companion)
+        if not own.exists():
+            own.write_bytes(b"")  # a -journal exists only while a rollback-journal transaction runs
+        link = tmp_path / "link-to-companion"
+        link.symlink_to(own)
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("store.db")}
+        for dest in (own, link):
+            result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", "--force", str(dest)])
+            assert result.exit_code == EXIT_USAGE, result.output
+            assert f"the store's {companion} file" in result.output
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("store.db")} == before
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+    with open_store(f"sqlite:///{path}", read_only=True) as store:
+        assert store.check().ok and store.check().threads == 2
+
+
+def test_a_backup_never_replaces_what_is_not_a_regular_file_even_forced(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "store.db"
+    _small_store(path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    hard = tmp_path / "hard-link.db"
+    os.link(path, hard)
+    for dest, says in ((fifo, "not a regular file"), (tmp_path, "is a directory"), (hard, "the store's own file")):
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", "--force", str(dest)])
+        assert result.exit_code == EXIT_USAGE and says in result.output, (dest, result.output)
+    assert fifo.is_fifo()
+    with open_store(f"sqlite:///{path}", read_only=True) as store:
+        assert store.check().ok and store.check().threads == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
 def test_a_postgres_backup_prints_the_pg_dump_command_without_the_password() -> None:
     url = "postgresql://tl:s3cr%2Fet@db.example:5433/agents?schema=prod"
     result = CliRunner().invoke(cli, ["--store", url, "--json", "backup", "/backups/agents.dump"])

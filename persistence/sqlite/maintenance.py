@@ -13,8 +13,10 @@ inspect it read-only, as it is.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
+import stat
 import tempfile
 
 import attrs
@@ -22,6 +24,9 @@ import attrs
 from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.persistence.check import CheckReport, Collector, ThreadRows, audit_thread, orphans
 from threadloom.persistence.sqlite.connection import Database
+
+COMPANIONS = ("", "-wal", "-shm", "-journal")
+"""Suffixes of the store's file and of the files SQLite keeps beside it; a backup never writes any of them."""
 
 INTEGRITY_MESSAGES = 100
 """At most this many messages of ``PRAGMA integrity_check`` are reported."""
@@ -134,22 +139,15 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
         The report of the copy.
 
     Raises:
-        ValidationError: (field ``dest``) ``dest`` exists and ``overwrite`` is False, is a directory, is the store's
-            own file, or its directory does not exist; nothing was written.
+        ValidationError: (field ``dest``) ``dest`` exists and ``overwrite`` is False, exists and is not a regular
+            file (a directory, a FIFO, a device: refused even with ``overwrite``), is the store's own file or one of
+            its ``-wal``, ``-shm``, ``-journal`` files (symbolic links resolved), or its directory does not exist;
+            nothing was written.
         ProcessingError: reading the store failed (mapped); the partial copy was removed. Safe to retry.
         OSError: writing the copy failed (disk full, permissions); the partial copy was removed.
     """
     target = os.path.abspath(os.fspath(dest))
-    if os.path.realpath(target) == os.path.realpath(db.path):
-        raise ValidationError("dest", (f"{target!r} is the store's own file; name another file",))
-    if os.path.isdir(target):
-        raise ValidationError("dest", (f"{target!r} is a directory; give the path of the file to write",))
-    if not os.path.isdir(os.path.dirname(target)):
-        raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
-    if os.path.exists(target) and not overwrite:
-        raise ValidationError(
-            "dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True, or --force)",)
-        )
+    _check_dest(db.path, target, overwrite)
     fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".", suffix=".part")
     os.close(fd)
     try:
@@ -178,6 +176,41 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
             os.unlink(partial)
         raise
     return BackupReport(path=target, size_bytes=os.path.getsize(target), threads=threads)
+
+
+def _check_dest(store: str, target: str, overwrite: bool) -> None:
+    """Refuses a ``dest`` that is the store's file or one of its companions, or that exists and is not a regular
+    file (``overwrite`` replaces only a regular file), or whose directory does not exist."""
+    resolved = os.path.realpath(target)
+    for base, suffix in itertools.product((store, os.path.realpath(store)), COMPANIONS):
+        own = base + suffix
+        if resolved == os.path.realpath(own) or _same_file(target, own):
+            what = "the store's own file" if not suffix else f"the store's {suffix} file (part of the store)"
+            raise ValidationError("dest", (f"{target!r} is {what}; name another file",))
+    if os.path.isdir(target):
+        raise ValidationError("dest", (f"{target!r} is a directory; give the path of the file to write",))
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise ValidationError(
+            "dest", (f"{target!r} exists and is not a regular file; only a regular file is replaced, even with "
+                     "overwrite (--force)",)
+        )
+    if not overwrite:
+        raise ValidationError(
+            "dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True, or --force)",)
+        )
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (or cannot be looked at): not the same file
+        return False
 
 
 def _copy_into(conn: sqlite3.Connection, copy: sqlite3.Connection) -> None:

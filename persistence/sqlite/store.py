@@ -270,8 +270,10 @@ class SqliteCheckpointer(StoreBase):
             ``BackupReport``: the copy's absolute path, its size in bytes and how many thread rows it holds.
 
         Raises:
-            ValidationError: (field ``dest``) it exists and ``overwrite`` is False, or it is a directory, the
-                store's own file, or in a directory that does not exist; nothing was written.
+            ValidationError: (field ``dest``) it exists and ``overwrite`` is False, or exists and is not a regular
+                file (a directory, a FIFO, a device: refused even with ``overwrite``), or it is the store's own file
+                or one of its ``-wal``, ``-shm``, ``-journal`` files, or in a directory that does not exist; nothing
+                was written.
             ProcessingError: reading the store failed; no copy was left. Safe to retry.
             OSError: writing the copy failed (disk full, permissions); no copy was left.
         """
