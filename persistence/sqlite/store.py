@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -90,6 +91,14 @@ def _check_path(path: Any) -> str:
     absolute = os.path.abspath(text)
     if os.path.isdir(absolute):
         raise ValidationError("path", (f"{text!r} is a directory; give the path of a database file in it",))
+    try:
+        mode = os.stat(absolute).st_mode
+    except OSError:  # absent (a store is created there) or unreadable: opening it says which
+        return absolute
+    if not stat.S_ISREG(mode):
+        raise ValidationError(
+            "path", (f"{text!r} is not a regular file (a FIFO, a device, a socket); give the path of a database file",)
+        )
     return absolute
 
 
@@ -191,8 +200,8 @@ class SqliteCheckpointer(StoreBase):
             The open store; close it with :meth:`close` (or use it as a context manager).
 
         Raises:
-            ValidationError: ``path`` is not a file path (a directory, empty, ``:memory:``) or another argument
-                is bad; nothing was created.
+            ValidationError: ``path`` is not a file path (a directory, a FIFO or another file that is not a
+                regular file, empty, ``:memory:``) or another argument is bad; nothing was created.
             StoreUnavailable: the file cannot be opened or created (a missing directory, not writable) or stayed
                 busy; retry once that is fixed. With ``read_only``: no file at ``path``, or it cannot be read.
             StoreCorrupt: the file is not a SQLite database, is damaged, or was written by a newer version of
