@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +37,7 @@ from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import START
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_sqlite_read_only import Writer, digest  # noqa: E402  (the committing process, shared)
+from test_sqlite_read_only import Writer, as_nobody, digest, needs_root  # noqa: E402  (shared with the read-only tests)
 
 LONG = timedelta(minutes=5)
 
@@ -156,6 +157,39 @@ def test_a_backup_never_replaces_what_is_not_a_regular_file_even_forced(tmp_path
     with open_store(f"sqlite:///{path}", read_only=True) as store:
         assert store.check().ok and store.check().threads == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+@needs_root
+def test_a_backup_into_a_directory_it_cannot_write_says_so() -> None:
+    """Found by a tester: "unexpected PermissionError ... .part"; the user 'nobody' cannot write a 755 directory."""
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="threadloom-ro-"))
+    try:
+        shared.chmod(0o755)
+        path = shared / "store.db"
+        _small_store(path)
+        dest = shared / "backup.db"
+
+        def run() -> list[Any]:
+            result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", str(dest)])
+            return [result.exit_code, result.output]
+
+        code, output = as_nobody(run)["ok"]
+    finally:
+        shutil.rmtree(shared)
+    assert code == EXIT_FAILED and "cannot write DEST's directory" in output and "Permission denied" in output
+    assert "unexpected" not in output and len(output.strip().splitlines()) == 1, output
+
+
+def test_a_backup_to_a_dangling_symbolic_link_says_what_it_is(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "store.db"
+    _small_store(path)
+    dest = tmp_path / "backup.db"
+    dest.symlink_to(tmp_path / "gone" / "where.db")
+    for force in ([], ["--force"]):
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", *force, str(dest)])
+        assert result.exit_code == EXIT_USAGE and "dangling symbolic link" in result.output, result.output
+        assert "appeared" not in result.output
+    assert dest.is_symlink() and not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
 
 
 def test_a_postgres_backup_prints_the_pg_dump_command_without_the_password() -> None:

@@ -140,15 +140,22 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
 
     Raises:
         ValidationError: (field ``dest``) ``dest`` exists and ``overwrite`` is False, exists and is not a regular
-            file (a directory, a FIFO, a device: refused even with ``overwrite``), is the store's own file or one of
-            its ``-wal``, ``-shm``, ``-journal`` files (symbolic links resolved), or its directory does not exist;
-            nothing was written.
+            file (a directory, a FIFO, a device: refused even with ``overwrite``), is a symbolic link to nothing, is
+            the store's own file or one of its ``-wal``, ``-shm``, ``-journal`` files (symbolic links resolved), or
+            its directory does not exist; nothing was written.
         ProcessingError: reading the store failed (mapped); the partial copy was removed. Safe to retry.
-        OSError: writing the copy failed (disk full, permissions); the partial copy was removed.
+        OSError: writing the copy failed (disk full, permissions: "cannot write DEST's directory ..." when not even
+            the temporary file could be made); the partial copy was removed.
     """
     target = os.path.abspath(os.fspath(dest))
     _check_dest(db.path, target, overwrite)
-    fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".", suffix=".part")
+    directory = os.path.dirname(target)
+    try:
+        fd, partial = tempfile.mkstemp(dir=directory, prefix=os.path.basename(target) + ".", suffix=".part")
+    except OSError as error:
+        raise OSError(
+            error.errno, f"cannot write DEST's directory {directory!r} ({error.strerror}); nothing was written"
+        ) from None
     os.close(fd)
     try:
         copy = sqlite3.connect(partial, isolation_level=None)
@@ -191,6 +198,11 @@ def _check_dest(store: str, target: str, overwrite: bool) -> None:
         raise ValidationError("dest", (f"{target!r} is a directory; give the path of the file to write",))
     if not os.path.isdir(os.path.dirname(target)):
         raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
+    if os.path.islink(target) and not os.path.exists(target):
+        raise ValidationError(
+            "dest", (f"{target!r} is a dangling symbolic link (to {os.readlink(target)!r}); remove it or name "
+                     "another file",)
+        )
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
