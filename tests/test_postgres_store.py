@@ -95,6 +95,10 @@ def test_config_defaults_match_the_design() -> None:
         ({"schema": '"quoted"'}, "config.schema"),
         ({"schema": "1abc"}, "config.schema"),
         ({"schema": "pg_catalog"}, "config.schema"),
+        ({"schema": "PG_Toast"}, "config.schema"),
+        # Found by hostile testing: the store's tables were created in the system schema.
+        ({"schema": "information_schema"}, "config.schema"),
+        ({"schema": "Information_Schema"}, "config.schema"),
         ({"schema": "a" * 64}, "config.schema"),
         ({"schema": ""}, "config.schema"),
         ({"schema": 7}, "config.schema"),
