@@ -283,6 +283,20 @@ DAMAGE: dict[str, tuple[str, str | None, str]] = {
         " FROM checkpoints WHERE thread_id = 'a' AND id = 'a-0'", "tombstone", "gone",
     ),
     "an effect of no thread": ("INSERT INTO effects VALUES ('ghost', 'k', '{}')", "orphan", "ghost"),
+    # Found by a tester: check said sound, then `threads` and `show` failed on the row.
+    "a registry row with an unknown status": (
+        "UPDATE threads SET latest_status = 'weird' WHERE thread_id = 'b'", "decode", "b",
+    ),
+    "a registry row with another status than its checkpoint": (
+        "UPDATE threads SET latest_status = 'completed' WHERE thread_id = 'b'", "registry", "b",
+    ),
+    "a tombstone keeping a status": ("UPDATE threads SET latest_status = 'running' WHERE thread_id = 'gone'",
+                                     "registry", "gone"),
+    # Found by a tester: check stopped with "unexpected TypeError".
+    "a registry row with text for a number": ("UPDATE threads SET next_seq = 'abc' WHERE thread_id = 'c'", "decode",
+                                              "c"),
+    "a registry row with a real for a count": ("UPDATE threads SET n_pending = 1.5 WHERE thread_id = 'c'", "decode",
+                                               "c"),
 }
 
 

@@ -33,7 +33,7 @@ INTEGRITY_MESSAGES = 100
 
 _THREADS = (
     "SELECT thread_id, first_seq, next_seq, floor, claim_holder, claim_token, claim_expires, deleted_at, latest_id,"
-    " latest_position, n_checkpoints, n_pending, metadata FROM threads ORDER BY thread_id"
+    " latest_position, n_checkpoints, n_pending, metadata, latest_status, latest_run_id FROM threads ORDER BY thread_id"
 )
 _CHECKPOINTS = "SELECT position, id, body FROM checkpoints WHERE thread_id = ? ORDER BY position"
 _PENDING = "SELECT idx, body FROM pending WHERE thread_id = ? ORDER BY idx"
@@ -113,13 +113,14 @@ def _check_rows(conn: sqlite3.Connection, found: Collector) -> None:
 
 def _thread_rows(conn: sqlite3.Connection, row: tuple[object, ...]) -> ThreadRows:
     (tid, first_seq, next_seq, floor, holder, token, expires, deleted_at, latest_id, latest_position, n_checkpoints,
-     n_pending, metadata) = row
+     n_pending, metadata, latest_status, latest_run_id) = row
     assert isinstance(tid, str)
     return ThreadRows(
         thread_id=tid, first_seq=first_seq, next_seq=next_seq, floor=floor,  # type: ignore[arg-type]
         claim_holder=holder, claim_token=token, claim_expires=expires,  # type: ignore[arg-type]
         deleted=deleted_at is not None, latest_id=latest_id, latest_position=latest_position,  # type: ignore[arg-type]
         n_checkpoints=n_checkpoints, n_pending=n_pending, metadata=metadata,  # type: ignore[arg-type]
+        latest_status=latest_status, latest_run_id=latest_run_id,
         checkpoints=conn.execute(_CHECKPOINTS, (tid,)),
         pending=conn.execute(_PENDING, (tid,)),
         events=conn.execute(_EVENTS, (tid,)),
