@@ -69,7 +69,10 @@ def backup(ctx: click.Context, dest: str, force: bool) -> None:
     sqlite = _sqlite(store)
     if sqlite is None:
         raise CliError(f"backup copies SQLite stores; {state.safe_url!r} is not one", kind="CommandError")
-    report = sqlite.backup(dest, overwrite=force)
+    try:
+        report = sqlite.backup(dest, overwrite=force)
+    except OSError as error:  # the store was read; writing the copy failed (permissions, disk full)
+        raise CliError(f"backup to {dest!r} failed, no copy was left: {error.strerror or error}") from None
     if state.json_output:
         state.emit({"backup": {"path": report.path, "size_bytes": report.size_bytes, "threads": report.threads}})
         return

@@ -8,7 +8,8 @@ READ ONLY transaction), hands each thread's rows to :func:`audit_thread` and add
     the database engine's own check of the file (SQLite only).
 ``decode``
     every checkpoint, pending write, event, effect record and thread metadata decodes, and says it belongs to the
-    thread (and place) it is stored under.
+    thread (and place) it is stored under; the thread's row holds integers where it keeps numbers and a known
+    status.
 ``events``
     a thread keeps every event from its floor (below it, compaction and retention dropped them) up to the one
     right below its next number, without a gap.
@@ -16,7 +17,8 @@ READ ONLY transaction), hands each thread's rows to :func:`audit_thread` and add
     no token is above the store's token counter; a thread's checkpoints and events carry non-decreasing tokens, none
     above its claim's; a claim has its holder and expiry.
 ``registry``
-    the thread's row names its newest checkpoint (id and place) and counts its checkpoints and pending writes right.
+    the thread's row names its newest checkpoint (id, place, status and run) and counts its checkpoints and pending
+    writes right.
 ``pending``
     the pending writes point at the thread's latest checkpoint, which exists.
 ``tombstone``
@@ -33,6 +35,7 @@ from typing import Any
 import attrs
 
 from threadloom.domain.errors import StoreCorrupt
+from threadloom.domain.values import Checkpoint, CheckpointStatus
 from threadloom.persistence import codec
 
 MAX_PROBLEMS = 1000
@@ -91,6 +94,8 @@ class ThreadRows:
         latest_id, latest_position: what the row names as the newest checkpoint.
         n_checkpoints, n_pending: what the row counts, or None where the store keeps no count.
         metadata: the thread's metadata as stored (JSON text), or None.
+        latest_status, latest_run_id: the status (text) and run the row keeps for its newest checkpoint (None when
+            it names none); ``...`` (the default) where the store keeps no such column.
         checkpoints: ``(position, id, body)`` by position; pending: ``(idx, body)`` in order; events:
             ``(seq, body)`` by seq; effects: ``(key, body)``.
     """
@@ -112,6 +117,31 @@ class ThreadRows:
     pending: Iterable[tuple[int, str]]
     events: Iterable[tuple[int, str]]
     effects: Iterable[tuple[str, str]]
+    latest_status: Any = ...
+    latest_run_id: Any = ...
+
+
+_NUMBERS = ("first_seq", "next_seq", "floor", "claim_token", "latest_position", "n_checkpoints", "n_pending")
+"""The row's columns that hold integers; each but the first three may be None."""
+_STATUSES = frozenset(status.value for status in CheckpointStatus)
+
+
+def _row_decodes(rows: ThreadRows, found: Collector) -> bool:
+    """Whether the thread's row holds integers where it keeps numbers and a known status (problems to ``found``)."""
+    sound = True
+    for name in _NUMBERS:
+        value = getattr(rows, name)
+        if (value is None and name not in _NUMBERS[:3]) or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        found.add("decode", rows.thread_id, f"the thread's row holds {value!r} as {name}, not an integer; the row is "
+                                            "damaged")
+        sound = False
+    status = rows.latest_status
+    if status is not ... and status is not None and status not in _STATUSES:
+        found.add("decode", rows.thread_id, f"the thread's row holds the latest status {status!r}, which this version "
+                                            "does not know; the row is damaged")
+        sound = False
+    return sound
 
 
 class Collector:
@@ -147,6 +177,8 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
     tid = rows.thread_id
     found.counts["threads"] += 1
     add = found.add
+    if not _row_decodes(rows, found):
+        return  # its numbers cannot be compared with its rows
     if rows.metadata is not None:
         _decoded(found, tid, codec.decode_metadata, rows.metadata)
     claim = rows.claim_token
@@ -169,11 +201,12 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
 
     count = 0
     newest: tuple[int, str] | None = None
+    newest_cp: Checkpoint | None = None
     token: int | None = None
     for position, checkpoint_id, body in rows.checkpoints:
         count += 1
         newest = (position, checkpoint_id)
-        cp = _decoded(found, tid, codec.decode_checkpoint, body)
+        newest_cp = cp = _decoded(found, tid, codec.decode_checkpoint, body)
         if cp is None:
             continue
         if cp.id != checkpoint_id or cp.thread_id != tid:
@@ -191,6 +224,7 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
             f"the row names latest checkpoint {rows.latest_id!r} at {rows.latest_position}, but the newest stored "
             f"is {newest[1]!r} at {newest[0]}",
         )
+    _check_latest(rows, newest_cp if newest is not None and newest[1] == rows.latest_id else None, found)
     if rows.n_checkpoints is not None and rows.n_checkpoints != count:
         add("registry", tid, f"the row counts {rows.n_checkpoints} checkpoint(s), {count} are stored")
 
@@ -251,6 +285,26 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
         if effect is not None and effect.key != key:
             add("decode", tid, f"the effect stored under key {key!r} reads as key {effect.key!r}")
     found.counts["effects"] += count
+
+
+def _check_latest(rows: ThreadRows, newest: Checkpoint | None, found: Collector) -> None:
+    """The status and run the row keeps against the newest checkpoint it names (when that one decoded)."""
+    if rows.latest_status is ...:
+        return
+    if rows.latest_id is None:
+        if rows.latest_status is not None or rows.latest_run_id is not None:
+            found.add("registry", rows.thread_id, f"the row names no latest checkpoint, but keeps the latest status "
+                                                  f"{rows.latest_status!r} and run {rows.latest_run_id!r}")
+        return
+    if newest is None:
+        return
+    status, run = rows.latest_status, rows.latest_run_id
+    if (status, run) != (newest.status.value, newest.run_id):
+        found.add(
+            "registry", rows.thread_id,
+            f"the row keeps status {status!r} and run {run!r} for checkpoint {newest.id!r}, which is "
+            f"{newest.status.value!r} of run {newest.run_id!r}",
+        )
 
 
 def orphans(found: Collector, rows: Iterator[tuple[str, str]]) -> None:

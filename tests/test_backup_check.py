@@ -14,6 +14,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -37,7 +38,7 @@ from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import START
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from test_sqlite_read_only import Writer, digest  # noqa: E402  (the committing process, shared)
+from test_sqlite_read_only import Writer, as_nobody, digest, needs_root  # noqa: E402  (shared with the read-only tests)
 
 LONG = timedelta(minutes=5)
 
@@ -125,6 +126,85 @@ def test_a_backup_gets_the_permission_bits_of_the_store_file(tmp_path: pathlib.P
     assert stat.S_IMODE(os.stat(dest).st_mode) == mode  # not the temporary file's 0600
     with open_store(f"sqlite:///{dest}", read_only=True) as copy:
         assert copy.check().ok and copy.check().threads == 1
+
+
+def _small_store(path: pathlib.Path) -> None:
+    with open_store(f"sqlite:///{path}") as store:
+        store.commit("t", Commit(token=store.claim("t", ClaimRequest(holder="r", ttl=LONG)).token, metadata={"a": "b"}))
+
+
+@pytest.mark.parametrize("companion", ["-wal", "-shm", "-journal"])
+def test_a_backup_never_writes_over_the_stores_companion_files_even_forced(
+    tmp_path: pathlib.Path, companion: str
+) -> None:
+    """A backup written over the store's -wal would lose every commit in it once the writer stops."""
+    path = tmp_path / "store.db"
+    _small_store(path)
+    with open_store(f"sqlite:///{path}") as writer:  # a writer keeps the -wal and -shm in place
+        writer.commit("u", Commit(token=writer.claim("u", ClaimRequest(holder="r", ttl=LONG)).token))
+        own = pathlib.Path(str(path) + companion)
+        if not own.exists():
+            own.write_bytes(b"")  # a -journal exists only while a rollback-journal transaction runs
+        link = tmp_path / "link-to-companion"
+        link.symlink_to(own)
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("store.db")}
+        for dest in (own, link):
+            result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", "--force", str(dest)])
+            assert result.exit_code == EXIT_USAGE, result.output
+            assert f"the store's {companion} file" in result.output
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("store.db")} == before
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+    with open_store(f"sqlite:///{path}", read_only=True) as store:
+        assert store.check().ok and store.check().threads == 2
+
+
+def test_a_backup_never_replaces_what_is_not_a_regular_file_even_forced(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "store.db"
+    _small_store(path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    hard = tmp_path / "hard-link.db"
+    os.link(path, hard)
+    for dest, says in ((fifo, "not a regular file"), (tmp_path, "is a directory"), (hard, "the store's own file")):
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", "--force", str(dest)])
+        assert result.exit_code == EXIT_USAGE and says in result.output, (dest, result.output)
+    assert fifo.is_fifo()
+    with open_store(f"sqlite:///{path}", read_only=True) as store:
+        assert store.check().ok and store.check().threads == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+@needs_root
+def test_a_backup_into_a_directory_it_cannot_write_says_so() -> None:
+    """Found by a tester: "unexpected PermissionError ... .part"; the user 'nobody' cannot write a 755 directory."""
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="threadloom-ro-"))
+    try:
+        shared.chmod(0o755)
+        path = shared / "store.db"
+        _small_store(path)
+        dest = shared / "backup.db"
+
+        def run() -> list[Any]:
+            result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", str(dest)])
+            return [result.exit_code, result.output]
+
+        code, output = as_nobody(run)["ok"]
+    finally:
+        shutil.rmtree(shared)
+    assert code == EXIT_FAILED and "cannot write DEST's directory" in output and "Permission denied" in output
+    assert "unexpected" not in output and len(output.strip().splitlines()) == 1, output
+
+
+def test_a_backup_to_a_dangling_symbolic_link_says_what_it_is(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "store.db"
+    _small_store(path)
+    dest = tmp_path / "backup.db"
+    dest.symlink_to(tmp_path / "gone" / "where.db")
+    for force in ([], ["--force"]):
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "backup", *force, str(dest)])
+        assert result.exit_code == EXIT_USAGE and "dangling symbolic link" in result.output, result.output
+        assert "appeared" not in result.output
+    assert dest.is_symlink() and not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
 
 
 def test_a_postgres_backup_prints_the_pg_dump_command_without_the_password() -> None:
@@ -218,6 +298,20 @@ DAMAGE: dict[str, tuple[str, str | None, str]] = {
         " FROM checkpoints WHERE thread_id = 'a' AND id = 'a-0'", "tombstone", "gone",
     ),
     "an effect of no thread": ("INSERT INTO effects VALUES ('ghost', 'k', '{}')", "orphan", "ghost"),
+    # Found by a tester: check said sound, then `threads` and `show` failed on the row.
+    "a registry row with an unknown status": (
+        "UPDATE threads SET latest_status = 'weird' WHERE thread_id = 'b'", "decode", "b",
+    ),
+    "a registry row with another status than its checkpoint": (
+        "UPDATE threads SET latest_status = 'completed' WHERE thread_id = 'b'", "registry", "b",
+    ),
+    "a tombstone keeping a status": ("UPDATE threads SET latest_status = 'running' WHERE thread_id = 'gone'",
+                                     "registry", "gone"),
+    # Found by a tester: check stopped with "unexpected TypeError".
+    "a registry row with text for a number": ("UPDATE threads SET next_seq = 'abc' WHERE thread_id = 'c'", "decode",
+                                              "c"),
+    "a registry row with a real for a count": ("UPDATE threads SET n_pending = 1.5 WHERE thread_id = 'c'", "decode",
+                                               "c"),
 }
 
 

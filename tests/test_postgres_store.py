@@ -95,6 +95,10 @@ def test_config_defaults_match_the_design() -> None:
         ({"schema": '"quoted"'}, "config.schema"),
         ({"schema": "1abc"}, "config.schema"),
         ({"schema": "pg_catalog"}, "config.schema"),
+        ({"schema": "PG_Toast"}, "config.schema"),
+        # Found by hostile testing: the store's tables were created in the system schema.
+        ({"schema": "information_schema"}, "config.schema"),
+        ({"schema": "Information_Schema"}, "config.schema"),
         ({"schema": "a" * 64}, "config.schema"),
         ({"schema": ""}, "config.schema"),
         ({"schema": 7}, "config.schema"),
@@ -994,6 +998,13 @@ def test_check_passes_on_a_sound_schema_and_finds_planted_damage(harness: PgHarn
         conn.execute(f'INSERT INTO "{s}".effects VALUES (\'ghost\', \'k\', \'{{}}\')')
     found = {(p.check, p.thread_id) for p in store.check().problems}
     assert found == {("events", "b"), ("decode", "a"), ("registry", "b"), ("orphan", "ghost")}
+    # Found by a tester: an unknown status in the registry row passed check, then `threads` and `show` failed.
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{s}".threads SET latest_status = \'weird\' WHERE thread_id = \'a\'')
+        conn.execute(f'UPDATE "{s}".threads SET latest_status = \'failed\' WHERE thread_id = \'gone\'')
+    problems = store.check().problems
+    assert any(p.check == "decode" and p.thread_id == "a" and "'weird'" in p.detail for p in problems), problems
+    assert any(p.check == "registry" and p.thread_id == "gone" and "'failed'" in p.detail for p in problems), problems
 
     from click.testing import CliRunner
 

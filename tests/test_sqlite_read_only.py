@@ -125,6 +125,24 @@ def test_a_file_that_is_not_sqlite_is_refused_and_left_alone(tmp_path: pathlib.P
     assert path.read_text() == "not a database\n" * 100 and os.listdir(tmp_path) == ["notes.db"]
 
 
+PROBE = "import sys; from threadloom.persistence.sqlite import readonly; readonly.probe(sys.argv[1], 1.0, 1)"
+
+
+def test_a_fifo_at_the_store_path_is_refused_at_once_not_waited_on(tmp_path: pathlib.Path) -> None:
+    """Found by a tester: a read command on a FIFO waited forever for a writer to open it."""
+    path = tmp_path / "f.db"
+    os.mkfifo(path)
+    for args in (["threadloom", "--store", f"sqlite:///{path}", "threads"],
+                 ["threadloom", "--store", f"sqlite:///{path}", "sweep"],
+                 ["-c", PROBE, str(path)]):  # the probe itself: a FIFO put there after the path was looked at
+        argv = [sys.executable, *(["-m", *args] if args[0] == "threadloom" else args)]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)  # a hang fails here
+        assert result.returncode != 0 and "not a regular file" in result.stderr, (args, result.stderr)
+        if args[0] == "threadloom":  # one line, no traceback
+            assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert path.is_fifo() and os.listdir(tmp_path) == ["f.db"]
+
+
 def test_a_read_only_open_of_a_missing_file_creates_nothing(tmp_path: pathlib.Path) -> None:
     with pytest.raises(StoreUnavailable, match="no SQLite file at .*creates nothing"):
         SqliteCheckpointer.open(tmp_path / "typo.db", read_only=True)

@@ -14,7 +14,7 @@ from threadloom.persistence.postgres.calls import Database
 
 _THREADS = (
     "SELECT thread_id, first_seq, next_seq, floor, claim_holder, claim_token, claim_expires, deleted_at, latest_id,"
-    " latest_pos, metadata::text FROM {s}.threads ORDER BY thread_id"
+    " latest_pos, metadata::text, latest_status, latest_run_id FROM {s}.threads ORDER BY thread_id"
 )
 _CHECKPOINTS = "SELECT pos, id, body FROM {s}.checkpoints WHERE thread_id = %s ORDER BY pos"
 _PENDING = "SELECT idx, body FROM {s}.pending_writes WHERE thread_id = %s ORDER BY idx"
@@ -69,7 +69,8 @@ def check(db: Database) -> CheckReport:
 
 
 def _thread_rows(cur: Any, statements: dict[str, str], row: tuple[Any, ...]) -> ThreadRows:
-    tid, first_seq, next_seq, floor, holder, token, expires, deleted_at, latest_id, latest_pos, metadata = row
+    (tid, first_seq, next_seq, floor, holder, token, expires, deleted_at, latest_id, latest_pos, metadata,
+     latest_status, latest_run_id) = row
 
     def rows(name: str) -> list[Any]:
         cur.execute(statements[name], (tid,))
@@ -81,6 +82,7 @@ def _thread_rows(cur: Any, statements: dict[str, str], row: tuple[Any, ...]) -> 
         deleted=deleted_at is not None, latest_id=latest_id, latest_position=latest_pos,
         n_checkpoints=None, n_pending=None, metadata=None if metadata in (None, "{}") else metadata,
         checkpoints=rows("cp"), pending=rows("pw"), events=rows("ev"), effects=rows("ef"),
+        latest_status=latest_status, latest_run_id=latest_run_id,
     )
 
 

@@ -54,6 +54,8 @@ def _check_schema(_inst: Any, _attr: Any, value: Any) -> None:
         problems.append("must be at most 63 bytes (PostgreSQL's identifier limit)")
     if value.lower().startswith("pg_"):
         problems.append("must not start with pg_ (reserved for system schemas)")
+    if value.lower() == "information_schema":
+        problems.append("must not be information_schema (a system schema)")
     if problems:
         raise ValidationError("config.schema", tuple(problems))
 
@@ -84,7 +86,8 @@ class PostgresCheckpointerConfig:
 
     Attributes:
         schema: the schema holding the store's tables: an identifier (letters, digits, underscores; not
-            ``pg_…``; at most 63 bytes), always quoted in SQL. Stores on one schema share one storage.
+            ``pg_…`` nor ``information_schema``, in any case; at most 63 bytes), always quoted in SQL. Stores on
+            one schema share one storage.
         min_size: connections the store's own pool keeps open (>= 0).
         max_size: most connections that pool opens (>= 1, >= ``min_size``). The listener of
             ``await_events_after`` uses one more, outside the pool.

@@ -13,6 +13,7 @@ inspect it read-only, as it is.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
 import stat
@@ -24,12 +25,15 @@ from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.persistence.check import CheckReport, Collector, ThreadRows, audit_thread, orphans
 from threadloom.persistence.sqlite.connection import Database
 
+COMPANIONS = ("", "-wal", "-shm", "-journal")
+"""Suffixes of the store's file and of the files SQLite keeps beside it; a backup never writes any of them."""
+
 INTEGRITY_MESSAGES = 100
 """At most this many messages of ``PRAGMA integrity_check`` are reported."""
 
 _THREADS = (
     "SELECT thread_id, first_seq, next_seq, floor, claim_holder, claim_token, claim_expires, deleted_at, latest_id,"
-    " latest_position, n_checkpoints, n_pending, metadata FROM threads ORDER BY thread_id"
+    " latest_position, n_checkpoints, n_pending, metadata, latest_status, latest_run_id FROM threads ORDER BY thread_id"
 )
 _CHECKPOINTS = "SELECT position, id, body FROM checkpoints WHERE thread_id = ? ORDER BY position"
 _PENDING = "SELECT idx, body FROM pending WHERE thread_id = ? ORDER BY idx"
@@ -109,13 +113,14 @@ def _check_rows(conn: sqlite3.Connection, found: Collector) -> None:
 
 def _thread_rows(conn: sqlite3.Connection, row: tuple[object, ...]) -> ThreadRows:
     (tid, first_seq, next_seq, floor, holder, token, expires, deleted_at, latest_id, latest_position, n_checkpoints,
-     n_pending, metadata) = row
+     n_pending, metadata, latest_status, latest_run_id) = row
     assert isinstance(tid, str)
     return ThreadRows(
         thread_id=tid, first_seq=first_seq, next_seq=next_seq, floor=floor,  # type: ignore[arg-type]
         claim_holder=holder, claim_token=token, claim_expires=expires,  # type: ignore[arg-type]
         deleted=deleted_at is not None, latest_id=latest_id, latest_position=latest_position,  # type: ignore[arg-type]
         n_checkpoints=n_checkpoints, n_pending=n_pending, metadata=metadata,  # type: ignore[arg-type]
+        latest_status=latest_status, latest_run_id=latest_run_id,
         checkpoints=conn.execute(_CHECKPOINTS, (tid,)),
         pending=conn.execute(_PENDING, (tid,)),
         events=conn.execute(_EVENTS, (tid,)),
@@ -137,23 +142,23 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
         The report of the copy.
 
     Raises:
-        ValidationError: (field ``dest``) ``dest`` exists and ``overwrite`` is False, is a directory, is the store's
-            own file, or its directory does not exist; nothing was written.
+        ValidationError: (field ``dest``) ``dest`` exists and ``overwrite`` is False, exists and is not a regular
+            file (a directory, a FIFO, a device: refused even with ``overwrite``), is a symbolic link to nothing, is
+            the store's own file or one of its ``-wal``, ``-shm``, ``-journal`` files (symbolic links resolved), or
+            its directory does not exist; nothing was written.
         ProcessingError: reading the store failed (mapped); the partial copy was removed. Safe to retry.
-        OSError: writing the copy failed (disk full, permissions); the partial copy was removed.
+        OSError: writing the copy failed (disk full, permissions: "cannot write DEST's directory ..." when not even
+            the temporary file could be made); the partial copy was removed.
     """
     target = os.path.abspath(os.fspath(dest))
-    if os.path.realpath(target) == os.path.realpath(db.path):
-        raise ValidationError("dest", (f"{target!r} is the store's own file; name another file",))
-    if os.path.isdir(target):
-        raise ValidationError("dest", (f"{target!r} is a directory; give the path of the file to write",))
-    if not os.path.isdir(os.path.dirname(target)):
-        raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
-    if os.path.exists(target) and not overwrite:
-        raise ValidationError(
-            "dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True, or --force)",)
-        )
-    fd, partial = tempfile.mkstemp(dir=os.path.dirname(target), prefix=os.path.basename(target) + ".", suffix=".part")
+    _check_dest(db.path, target, overwrite)
+    directory = os.path.dirname(target)
+    try:
+        fd, partial = tempfile.mkstemp(dir=directory, prefix=os.path.basename(target) + ".", suffix=".part")
+    except OSError as error:
+        raise OSError(
+            error.errno, f"cannot write DEST's directory {directory!r} ({error.strerror}); nothing was written"
+        ) from None
     os.close(fd)
     try:
         copy = sqlite3.connect(partial, isolation_level=None)
@@ -187,6 +192,46 @@ def backup(db: Database, dest: str | os.PathLike[str], *, overwrite: bool = Fals
             os.unlink(partial)
         raise
     return BackupReport(path=target, size_bytes=os.path.getsize(target), threads=threads)
+
+
+def _check_dest(store: str, target: str, overwrite: bool) -> None:
+    """Refuses a ``dest`` that is the store's file or one of its companions, or that exists and is not a regular
+    file (``overwrite`` replaces only a regular file), or whose directory does not exist."""
+    resolved = os.path.realpath(target)
+    for base, suffix in itertools.product((store, os.path.realpath(store)), COMPANIONS):
+        own = base + suffix
+        if resolved == os.path.realpath(own) or _same_file(target, own):
+            what = "the store's own file" if not suffix else f"the store's {suffix} file (part of the store)"
+            raise ValidationError("dest", (f"{target!r} is {what}; name another file",))
+    if os.path.isdir(target):
+        raise ValidationError("dest", (f"{target!r} is a directory; give the path of the file to write",))
+    if not os.path.isdir(os.path.dirname(target)):
+        raise ValidationError("dest", (f"the directory of {target!r} does not exist",))
+    if os.path.islink(target) and not os.path.exists(target):
+        raise ValidationError(
+            "dest", (f"{target!r} is a dangling symbolic link (to {os.readlink(target)!r}); remove it or name "
+                     "another file",)
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise ValidationError(
+            "dest", (f"{target!r} exists and is not a regular file; only a regular file is replaced, even with "
+                     "overwrite (--force)",)
+        )
+    if not overwrite:
+        raise ValidationError(
+            "dest", (f"{target!r} exists; choose another file, or overwrite it (overwrite=True, or --force)",)
+        )
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (or cannot be looked at): not the same file
+        return False
 
 
 def _copy_into(conn: sqlite3.Connection, copy: sqlite3.Connection) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from urllib.parse import quote
 
 import attrs
@@ -134,7 +135,8 @@ def probe(path: str, busy_s: float, expected: int) -> Access:
 
     Raises:
         StoreUnavailable: no file at ``path`` (nothing is created), or it cannot be read (permissions).
-        StoreCorrupt: an empty file, not a SQLite database, not a threadloom store, a newer schema, a damaged file.
+        StoreCorrupt: not a regular file (a FIFO, a device), an empty file, not a SQLite database, not a
+            threadloom store, a newer schema, a damaged file.
         ProcessingError: an older schema; a ``-wal`` that cannot be read in a directory the caller cannot write.
     """
     _check_header(path, "a read-only open creates nothing")
@@ -169,10 +171,17 @@ def probe(path: str, busy_s: float, expected: int) -> Access:
 
 
 def _check_header(path: str, creates_nothing: str) -> None:
-    """Refuses a missing or unreadable file, an empty file, and one that is not a SQLite database."""
+    """Refuses a missing or unreadable file, one that is not a regular file (a FIFO, a device), an empty file, and
+    one that is not a SQLite database."""
     try:
-        with open(path, "rb") as file:
-            header = file.read(100)
+        # O_NONBLOCK: opening a FIFO put at the path meanwhile returns at once instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _not_a_store(path, "not a regular file")
+            header = os.read(fd, 100)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise StoreUnavailable("open", f"no SQLite file at {path!r}; {creates_nothing}: check the path") from None
     except OSError as error:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -90,6 +91,14 @@ def _check_path(path: Any) -> str:
     absolute = os.path.abspath(text)
     if os.path.isdir(absolute):
         raise ValidationError("path", (f"{text!r} is a directory; give the path of a database file in it",))
+    try:
+        mode = os.stat(absolute).st_mode
+    except OSError:  # absent (a store is created there) or unreadable: opening it says which
+        return absolute
+    if not stat.S_ISREG(mode):
+        raise ValidationError(
+            "path", (f"{text!r} is not a regular file (a FIFO, a device, a socket); give the path of a database file",)
+        )
     return absolute
 
 
@@ -191,8 +200,8 @@ class SqliteCheckpointer(StoreBase):
             The open store; close it with :meth:`close` (or use it as a context manager).
 
         Raises:
-            ValidationError: ``path`` is not a file path (a directory, empty, ``:memory:``) or another argument
-                is bad; nothing was created.
+            ValidationError: ``path`` is not a file path (a directory, a FIFO or another file that is not a
+                regular file, empty, ``:memory:``) or another argument is bad; nothing was created.
             StoreUnavailable: the file cannot be opened or created (a missing directory, not writable) or stayed
                 busy; retry once that is fixed. With ``read_only``: no file at ``path``, or it cannot be read.
             StoreCorrupt: the file is not a SQLite database, is damaged, or was written by a newer version of
@@ -271,8 +280,10 @@ class SqliteCheckpointer(StoreBase):
             ``BackupReport``: the copy's absolute path, its size in bytes and how many thread rows it holds.
 
         Raises:
-            ValidationError: (field ``dest``) it exists and ``overwrite`` is False, or it is a directory, the
-                store's own file, or in a directory that does not exist; nothing was written.
+            ValidationError: (field ``dest``) it exists and ``overwrite`` is False, or exists and is not a regular
+                file (a directory, a FIFO, a device: refused even with ``overwrite``), or it is the store's own file
+                or one of its ``-wal``, ``-shm``, ``-journal`` files, or in a directory that does not exist; nothing
+                was written.
             ProcessingError: reading the store failed; no copy was left. Safe to retry.
             OSError: writing the copy failed (disk full, permissions); no copy was left.
         """
