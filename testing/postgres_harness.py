@@ -147,7 +147,45 @@ def new_schema_name() -> str:
     return f"tl_test_{uuid.uuid4().hex[:12]}"
 
 
-class StallingProxy:
+class _LoopbackProxy:
+    """The part every test proxy shares: a listening socket on loopback in front of the server ``dsn`` names, and
+    a thread accepting connections, each handed with its new upstream socket to :meth:`_connected`.
+
+    Attributes:
+        dsn: ``dsn`` with host and port replaced by the proxy's.
+    """
+
+    def __init__(self, dsn: str, thread_name: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+        self._upstream = (str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)
+        parts.update(host="127.0.0.1", port=str(self._server.getsockname()[1]))
+        self.dsn = make_conninfo("", **parts)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name=thread_name, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self._connected(client, upstream)
+
+    def _connected(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class StallingProxy(_LoopbackProxy):
     """A TCP proxy on loopback in front of the test server that can stall: a network that stops answering.
 
     While stalled it forwards nothing in either direction (bytes wait in the kernel's buffers); :meth:`resume`
@@ -161,20 +199,9 @@ class StallingProxy:
     """
 
     def __init__(self, dsn: str) -> None:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        parts = conninfo_to_dict(dsn)
-        self._upstream = (str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.05)
-        port = self._server.getsockname()[1]
-        parts.update(host="127.0.0.1", port=str(port))
-        self.dsn = make_conninfo("", **parts)
         self._stalled = threading.Event()
-        self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="threadloom-test-proxy", daemon=True).start()
+        super().__init__(dsn, "threadloom-test-proxy")
 
     def stall(self) -> None:
         """Stops forwarding, in both directions, on every connection (new ones included)."""
@@ -195,21 +222,11 @@ class StallingProxy:
                     pass
         self._server.close()
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._server.accept()
-            except (TimeoutError, OSError):
-                continue
-            try:
-                upstream = socket.create_connection(self._upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+    def _connected(self, client: socket.socket, upstream: socket.socket) -> None:
+        with self._lock:
+            self._sockets += [client, upstream]
+        for src, dst in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -255,7 +272,7 @@ class _Pair:
                 pass
 
 
-class FaultProxy:
+class FaultProxy(_LoopbackProxy):
     """A TCP proxy on loopback in front of the test server that breaks connections at a chosen point of a call.
 
     A *stall* stops a connection: nothing more is forwarded either way, and what it held is never delivered (a
@@ -275,21 +292,11 @@ class FaultProxy:
     """
 
     def __init__(self, dsn: str) -> None:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        parts = conninfo_to_dict(dsn)
-        self._upstream = (str(parts.get("host") or "127.0.0.1"), int(parts.get("port") or 5432))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.05)
-        parts.update(host="127.0.0.1", port=str(self._server.getsockname()[1]))
-        self.dsn = make_conninfo("", **parts)
         self.fired = threading.Event()
-        self._closed = threading.Event()
         self._armed: tuple[str, str] | None = None
         self._target: _Pair | None = None
         self._pairs: list[_Pair] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name="threadloom-test-fault-proxy", daemon=True).start()
+        super().__init__(dsn, "threadloom-test-fault-proxy")
 
     def arm(self, point: str, action: str) -> None:
         """The next request any client sends meets ``action`` (``"stall"``/``"reset"``) at ``point``
@@ -327,22 +334,12 @@ class FaultProxy:
         self.reset_all()
         self._server.close()
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._server.accept()
-            except (TimeoutError, OSError):
-                continue
-            try:
-                upstream = socket.create_connection(self._upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            pair = _Pair(client, upstream)
-            with self._lock:
-                self._pairs.append(pair)
-            for upward in (True, False):
-                threading.Thread(target=self._pump, args=(pair, upward), daemon=True).start()
+    def _connected(self, client: socket.socket, upstream: socket.socket) -> None:
+        pair = _Pair(client, upstream)
+        with self._lock:
+            self._pairs.append(pair)
+        for upward in (True, False):
+            threading.Thread(target=self._pump, args=(pair, upward), daemon=True).start()
 
     def _fault(self, pair: _Pair, upward: bool) -> str | None:
         """The action to take instead of forwarding a chunk (None: forward it)."""
