@@ -405,6 +405,8 @@ def test_a_fenced_attempt_hands_its_entry_back_and_the_next_attempt_finds_it_don
     with capture_logs() as logs:
         steps.gate.set()
         _wait_for(lambda: _finished(crashed.queue, entry.entry_id))
+        # The worker logs queue.finished after the store call that finished the entry returned: wait for the line.
+        _wait_for(lambda: any(e["event"] == "queue.finished" for e in list(logs)))
     done = crashed.queue.entry(entry.entry_id)
     assert done.status is EntryStatus.COMPLETED and done.attempts == 2
     handed = [e for e in logs if e["event"] == "queue.handed_back"]
