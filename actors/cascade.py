@@ -25,6 +25,7 @@ from threadloom.actors.runs import RunEnv
 from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
 from threadloom.domain.rules import DELETING_KEY
 from threadloom.domain.values import ClaimRequest, Commit, StoredCheckpoint
+from threadloom.persistence.base import Checkpointer
 
 
 @attrs.define(eq=False)
@@ -188,3 +189,20 @@ class CascadeDelete:
             except ThreadloomError:
                 pass
         self._held.clear()
+
+
+def all_children(store: Checkpointer, parent: str, *, page_size: int = 100) -> list[str]:
+    """Every child thread id of ``parent``, in the order their first commits landed, read ``page_size`` at a time
+    with ``store.children`` (each page one consistent read; a child added meanwhile may or may not be listed).
+
+    Raises:
+        ProcessingError: as ``Checkpointer.children``; safe to retry (it only reads).
+    """
+    children: list[str] = []
+    after: str | None = None
+    while True:
+        page = store.children(parent, limit=page_size, after=after)
+        children.extend(page)
+        if len(page) < page_size:
+            return children
+        after = page[-1]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from threadloom.actors.cascade import CascadeDelete
+from threadloom.actors.cascade import CascadeDelete, all_children
 from threadloom.actors.policies import ChildRetention
 from threadloom.actors.runs import RunEnv
 from threadloom.domain.errors import StaleClaim, TenantMismatch, ThreadBusy
@@ -67,14 +67,7 @@ def retain_children(
             marked and the next retention (or a ``delete_thread`` of it) finishes it.
     """
     store = env.store
-    children: list[str] = []
-    after: str | None = None
-    while True:
-        page = store.children(parent, limit=PAGE, after=after)
-        children.extend(page)
-        if len(page) < PAGE:
-            break
-        after = page[-1]
+    children = all_children(store, parent, page_size=PAGE)
     doomed = children[: max(0, len(children) - policy.keep)]
     deleted: list[str] = []
     renewed_at = env.clock.now()

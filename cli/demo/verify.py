@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from threadloom.actors.cascade import all_children
 from threadloom.actors.graph import END_EVENTS, TURN_KEY, EffectKeys, effect_keys
 from threadloom.cli.demo.graph import Ledger
 from threadloom.cli.demo.plan import DemoPlan, worker_of
@@ -125,13 +126,7 @@ def all_threads(store: Checkpointer, roots: list[str]) -> list[str]:
         seen.extend(frontier)
         following: list[str] = []
         for parent in frontier:
-            after: str | None = None
-            while True:
-                page = store.children(parent, limit=PAGE, after=after)
-                following.extend(page)
-                if len(page) < PAGE:
-                    break
-                after = page[-1]
+            following.extend(all_children(store, parent, page_size=PAGE))
         frontier = following
     return seen
 
