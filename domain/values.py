@@ -592,3 +592,44 @@ class ThreadPage:
         items = tuple(rows[:limit])
         more = len(rows) > limit
         return cls(items=items, next=items[-1].cursor if more and items else None)
+
+
+@attrs.frozen(kw_only=True)
+class TenantCount:
+    """One tenant of the registry and how many root threads it holds.
+
+    Attributes:
+        tenant_id: the tenant; None for the threads that have no tenant.
+        threads: how many root threads (threads with a checkpoint and no origin, as ``threads`` lists them, of
+            every status) have this tenant on their latest checkpoint; at least 1.
+    """
+
+    tenant_id: str | None
+    threads: int
+
+
+@attrs.frozen(kw_only=True)
+class TenantPage:
+    """A page of :class:`TenantCount` rows, tenant ids ascending (code point order) and the tenant-less last,
+    and the cursor of the next page: the ``after`` to pass for it, None when no more follow."""
+
+    items: tuple[TenantCount, ...] = ()
+    next: str | None = None
+
+    MAX_LIMIT: ClassVar[int] = 1000
+    """The largest page a store returns."""
+
+    @classmethod
+    def of(cls, named: list[TenantCount], tenantless: int, limit: int) -> TenantPage:
+        """The page of ``limit`` rows from ``named`` (tenants in ascending order, read one past ``limit`` when
+        more follow) and then the tenant-less group of ``tenantless`` threads (left out when 0).
+
+        The tenant-less group comes last, so a cursor is always a tenant id: the last named tenant of a page
+        after which rows follow.
+        """
+        rows = list(named)
+        if len(rows) <= limit and tenantless > 0:
+            rows.append(TenantCount(tenant_id=None, threads=tenantless))
+        items = tuple(rows[:limit])
+        more = len(rows) > limit
+        return cls(items=items, next=items[-1].tenant_id if more and items else None)

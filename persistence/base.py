@@ -35,6 +35,7 @@ from threadloom.domain.values import (
     SweepGuard,
     SweepPage,
     SweepPolicy,
+    TenantPage,
     ThreadCursor,
     ThreadPage,
     ThreadQuery,
@@ -87,7 +88,7 @@ def check_commit(thread_id: str, commit: Any, max_json_size: int | None = None) 
 OPERATIONS: tuple[str, ...] = (
     "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "children",
     "events_after", "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep",
-    "threads", "incomplete",
+    "threads", "incomplete", "tenants",
 )
 """The public methods of the contract, in the order :class:`Checkpointer` declares them (the forwarding base,
 the metered store and the contract suite all iterate over this one list)."""
@@ -356,6 +357,26 @@ class Checkpointer(abc.ABC):
         """The tenant's ``IDLE`` root threads, oldest first by ``updated_at`` (ties: id ascending).
 
         At most ``limit`` (1..1000); a thread whose cascade delete began is not listed.
+        """
+
+    @abc.abstractmethod
+    def tenants(self, *, limit: int = 100, after: str | None = None) -> TenantPage:
+        """The registry's tenants with how many root threads each holds (README "The `threadloom` command").
+
+        A root thread is one ``threads`` lists: a thread with a checkpoint whose latest checkpoint has no origin,
+        of any status (a thread whose cascade delete began included); a thread is counted under the tenant of its
+        latest checkpoint. Rows come in ascending order of tenant id (code point order), and the threads that
+        have no tenant last, as one row whose ``tenant_id`` is None. A tenant with no root thread is not listed.
+        Each page is read through an index; counting reads every root thread of the page's tenants.
+
+        Args:
+            limit: at most this many rows (1..1000).
+            after: the ``next`` of the previous page: only tenants after this id (and then the tenant-less)
+                are listed; None starts from the first.
+
+        Returns:
+            ``TenantPage``: the rows, and ``next`` (the ``after`` of the next page) or None when no more follow.
+            Reads only: retrying is safe.
         """
 
 
@@ -684,6 +705,16 @@ class StoreBase(SlowCalls, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("incomplete", None, started)
 
+    def tenants(self, *, limit: int = 100, after: str | None = None) -> TenantPage:
+        v.check_int("limit", limit, low=1, high=TenantPage.MAX_LIMIT)
+        v.check_optional_id("after", after)
+        started = self._begin("tenants")
+        try:
+            return self._tenants(limit, after)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("tenants", None, started)
+
     # -- what a store implements -----------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -741,6 +772,9 @@ class StoreBase(SlowCalls, Checkpointer):
 
     @abc.abstractmethod
     def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage: ...
+
+    @abc.abstractmethod
+    def _tenants(self, limit: int, after: str | None) -> TenantPage: ...
 
     @abc.abstractmethod
     def _close(self) -> None: ...

@@ -29,6 +29,7 @@ from threadloom.domain.values import (
     SweepGuard,
     SweepPage,
     SweepPolicy,
+    TenantPage,
     ThreadCursor,
     ThreadPage,
     ThreadQuery,
@@ -187,6 +188,9 @@ class ForwardingCheckpointer(Checkpointer):
 
     def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
         return self._forward("incomplete", tenant_id, limit=limit, after=after)
+
+    def tenants(self, *, limit: int = 100, after: str | None = None) -> TenantPage:
+        return self._forward("tenants", limit=limit, after=after)
 
 
 class ForwardingRunQueue(RunQueue):

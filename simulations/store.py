@@ -24,7 +24,7 @@ from threadloom.simulations.world import SimCrash, SimNode, World
 WRITES = frozenset({"claim", "renew", "release", "commit", "delete_thread"})
 """The store calls a fault can make fail before or after they applied."""
 
-STORE_WIDE = frozenset({"sweep", "threads", "incomplete"})
+STORE_WIDE = frozenset({"sweep", "threads", "incomplete", "tenants"})
 """The store calls that name no thread (the oracle notes them under none)."""
 
 

@@ -178,6 +178,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
     page = store.sweep(SweepPolicy(), None)
     assert page.visited == ("t",)
     assert [s.thread_id for s in store.threads(ThreadQuery(tenant_id=None)).items] == ["t"]
+    assert [(row.tenant_id, row.threads) for row in store.tenants().items] == [(None, 1)]
     assert store.incomplete(None, limit=10).items == ()  # held by a live claim: RUNNING, not IDLE
     store.release("t", claim.token)
     assert [s.thread_id for s in store.incomplete(None, limit=10).items] == ["t"]
@@ -190,6 +191,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
         "claim": 2, "renew": 1, "release": 1, "current_claim": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
         "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
         "effect": 1, "lookup_run": 1, "prune": 1, "sweep": 1, "threads": 1, "incomplete": 2,
+        "tenants": 1,
     }
     assert set(expected) == set(OPERATIONS)
     for op, count in expected.items():

@@ -904,11 +904,15 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
     store.threads(ThreadQuery(tenant_id="acme", statuses={ThreadStatus.IDLE, ThreadStatus.RUNNING}))
     store.threads(ThreadQuery(tenant_id=None, after=ThreadCursor(updated_at=NOW, thread_id="x1")))
     store.incomplete("acme", limit=10)
+    store.tenants(limit=10)  # both statements: the named tenants' page, then the tenant-less count
+    store.tenants(limit=10, after="a")
     store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=3)), None, after="x5")
     store._db.call = original  # noqa: SLF001
     assert {operation for operation, _, _ in captured} >= {
-        "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep"
+        "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep",
+        "tenants",
     }
+    assert sum(operation == "tenants" for operation, _, _ in captured) == 4
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         conn.execute("SET enable_seqscan = off")
         cursor = psycopg.ClientCursor(conn)
@@ -917,6 +921,8 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
                 row[0] for row in conn.execute("EXPLAIN " + cursor.mogrify(statement, params)).fetchall()
             )
             assert "Seq Scan" not in plan, f"{operation} scans a table:\n{plan}"
+            if operation == "tenants":  # counted from the registry's index, never from the table
+                assert "threads_status" in plan, plan
             if operation in ("latest", "history"):  # a thread's history is reached by (thread_id, pos) only
                 assert "checkpoints_pkey" in plan and "Filter: (pos" not in plan, plan
 

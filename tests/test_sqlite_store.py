@@ -662,6 +662,8 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
         "PRUNE_BY_AGE": "checkpoints_age (thread_id=? AND committed_at<?)",
         "NEWEST_EXPIRED_EVENT": "events_age (thread_id=? AND committed_at<?)",
         "NEWEST_SETTLED": "checkpoints_settled (thread_id=?)",
+        "TENANTS": "threads_registry (latest_tenant>?)",
+        "TENANTLESS": "threads_registry (latest_tenant=?)",
         "registry0": "threads_registry (latest_tenant=?)",
         "registry15": "threads_registry (latest_tenant=?",
         "registry16": "threads_incomplete (latest_tenant=?)",

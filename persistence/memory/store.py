@@ -35,6 +35,8 @@ from threadloom.domain.values import (
     SweepGuard,
     SweepPage,
     SweepPolicy,
+    TenantCount,
+    TenantPage,
     ThreadCursor,
     ThreadPage,
     ThreadQuery,
@@ -539,6 +541,21 @@ class InMemoryCheckpointer(StoreBase):
         if after is not None:
             rows = [s for s in rows if (s.updated_at, s.thread_id) > (after.updated_at, after.thread_id)]
         return ThreadPage.of(rows[: limit + 1], limit)
+
+    def _tenants(self, limit: int, after: str | None) -> TenantPage:
+        counts: dict[str | None, int] = {}
+        with self._lock:
+            for row in self._rows.values():
+                if not row.history or row.updated_at is None:
+                    continue
+                cp = row.history[-1].checkpoint
+                if cp.origin_parent is None:
+                    counts[cp.tenant_id] = counts.get(cp.tenant_id, 0) + 1
+        named = sorted(
+            (tenant, n) for tenant, n in counts.items() if tenant is not None and (after is None or tenant > after)
+        )
+        rows = [TenantCount(tenant_id=tenant, threads=n) for tenant, n in named[: limit + 1]]
+        return TenantPage.of(rows, counts.get(None, 0), limit)
 
     def _close(self) -> None:
         with self._changed:

@@ -161,6 +161,16 @@ REGISTRY_COLUMNS = (
 )
 """What a registry row reads; liveness is judged by the database clock when the statement arrives."""
 
+# tenants(): tenant keys after a cursor with their root threads counted, and the tenant-less ('' key) count; both
+# walk threads_status (whose partial condition is the root threads') by its leading tenant_key.
+TENANTS = (
+    "SELECT t.tenant_key, count(*) FROM {s}.threads t WHERE t.tenant_key > %s AND t.latest_id IS NOT NULL"
+    " AND t.origin_parent IS NULL GROUP BY t.tenant_key ORDER BY t.tenant_key LIMIT %s"
+)
+TENANTLESS = (
+    "SELECT count(*) FROM {s}.threads t WHERE t.tenant_key = '' AND t.latest_id IS NOT NULL"
+    " AND t.origin_parent IS NULL"
+)
 REGISTRY_ROOTS = "t.tenant_key = %s AND t.latest_id IS NOT NULL AND t.origin_parent IS NULL"
 
 _UNCLAIMED = "NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)"

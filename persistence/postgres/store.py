@@ -64,6 +64,8 @@ from threadloom.domain.values import (
     SweepGuard,
     SweepPage,
     SweepPolicy,
+    TenantCount,
+    TenantPage,
     ThreadCursor,
     ThreadPage,
     ThreadQuery,
@@ -99,7 +101,7 @@ _SEQ_ZERO = '{"seq":0,'
 _STATEMENTS = (
     "CLAIM", "RENEW", "RELEASE", "CURRENT_CLAIM", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST",
     "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN",
-    "SWEEP_PAGE",
+    "SWEEP_PAGE", "TENANTS", "TENANTLESS",
 )  # fmt: skip
 
 
@@ -578,6 +580,14 @@ class PostgresCheckpointer(StoreBase):
 
     def _incomplete(self, tenant_id: str | None, limit: int, after: ThreadCursor | None) -> ThreadPage:
         return self._registry.incomplete(tenant_id, limit, after)
+
+    def _tenants(self, limit: int, after: str | None) -> TenantPage:
+        rows = self._call("tenants", None, "TENANTS", (after or "", limit + 1), write=False)
+        named = [TenantCount(tenant_id=tenant, threads=n) for tenant, n in rows]
+        tenantless = 0
+        if len(named) <= limit:
+            tenantless = self._call("tenants", None, "TENANTLESS", (), write=False)[0][0]
+        return TenantPage.of(named, tenantless, limit)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 

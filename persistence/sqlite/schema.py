@@ -278,6 +278,19 @@ INCOMPLETE_SELECT = (
 )
 
 
+# tenants(): the registry's tenants in order after a cursor, with their root threads counted, and the count of the
+# tenant-less root threads; both walk a range of threads_registry (its partial condition is the root threads').
+TENANTS = (
+    "SELECT latest_tenant, count(*) FROM threads INDEXED BY threads_registry"
+    " WHERE latest_tenant > ? AND origin_parent IS NULL AND latest_id IS NOT NULL"
+    " GROUP BY latest_tenant ORDER BY latest_tenant LIMIT ?"
+)
+TENANTLESS = (
+    "SELECT count(*) FROM threads INDEXED BY threads_registry"
+    " WHERE latest_tenant IS NULL AND origin_parent IS NULL AND latest_id IS NOT NULL"
+)
+
+
 STATEMENTS: Mapping[str, str] = {
     name: text
     for name, text in dict(globals()).items()

@@ -48,6 +48,8 @@ from threadloom.domain.values import (
     SweepGuard,
     SweepPage,
     SweepPolicy,
+    TenantCount,
+    TenantPage,
     ThreadCursor,
     ThreadPage,
     ThreadQuery,
@@ -688,6 +690,17 @@ class SqliteCheckpointer(StoreBase):
         rows = self._db.fetch_all("incomplete", None, *statement)
         summaries = [self._summary(row, now) for row in rows]
         return ThreadPage.of([s for s in summaries if s.status is ThreadStatus.IDLE], limit)
+
+    def _tenants(self, limit: int, after: str | None) -> TenantPage:
+        return self._db.read("tenants", None, _tenants, limit, after)
+
+
+def _tenants(conn: sqlite3.Connection, limit: int, after: str | None) -> TenantPage:
+    """The tenants page (``Checkpointer.tenants``) read on ``conn`` in one read transaction."""
+    rows = conn.execute(sql.TENANTS, (after or "", limit + 1)).fetchall()
+    named = [TenantCount(tenant_id=tenant, threads=n) for tenant, n in rows]
+    tenantless = conn.execute(sql.TENANTLESS).fetchone()[0] if len(named) <= limit else 0
+    return TenantPage.of(named, tenantless, limit)
 
 
 __all__ = [

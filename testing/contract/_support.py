@@ -319,6 +319,7 @@ def valid_call(method: str, harness: StoreHarness, writer: Writer) -> Callable[[
         "sweep": lambda s: s.sweep(SweepPolicy(), None),
         "threads": lambda s: s.threads(ThreadQuery(tenant_id=None)),
         "incomplete": lambda s: s.incomplete(None, limit=10),
+        "tenants": lambda s: s.tenants(limit=10),
     }
     return calls[method]
 

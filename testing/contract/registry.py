@@ -18,6 +18,8 @@ from threadloom.domain.values import (
     EffectRecord,
     EventDraft,
     PendingWrite,
+    TenantCount,
+    TenantPage,
     ThreadCursor,
     ThreadQuery,
     ThreadStatus,
@@ -171,6 +173,61 @@ class RegistryContract:
         # The tenant is the latest checkpoint's.
         child.step("k3", tenant="other")
         assert listed("acme") == ["mine"] and sorted(listed("other")) == ["kid", "theirs"]
+
+    def test_tenants_count_root_threads_per_tenant_the_tenantless_last(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        assert store.tenants() == TenantPage()
+        self._roots(harness, store, ["a1", "a2", "a3"], tenant="acme")
+        self._roots(harness, store, ["b1"], tenant="beta")
+        self._roots(harness, store, ["n1", "n2"], tenant=None)
+        self._roots(harness, store, ["z1"], tenant="Zeta")  # code point order: upper case first
+        Writer(store, harness, "kid", tenant="beta").step("k1", origin=CheckpointOrigin(parent_thread="b1"))
+        Writer(store, harness, "claimed-only", tenant="gamma")  # no checkpoint: not a root thread yet
+        counts = [(row.tenant_id, row.threads) for row in store.tenants().items]
+        assert counts == [("Zeta", 1), ("acme", 3), ("beta", 1), (None, 2)]
+        assert store.tenants().next is None
+        # Each count is what ``threads`` lists for that tenant.
+        for row in store.tenants().items:
+            assert len(store.threads(ThreadQuery(tenant_id=row.tenant_id, limit=1000)).items) == row.threads
+
+    def test_tenants_page_by_tenant_id_and_end_with_the_tenantless(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        for tenant in ("t-c", "t-a", "t-b"):
+            self._roots(harness, store, [f"{tenant}-1"], tenant=tenant)
+        self._roots(harness, store, ["none-1"], tenant=None)
+        pages, after = [], None
+        for _ in range(10):
+            page = store.tenants(limit=2, after=after)
+            pages.append([row.tenant_id for row in page.items])
+            after = page.next
+            if after is None:
+                break
+        assert pages == [["t-a", "t-b"], ["t-c", None]]
+        first = store.tenants(limit=3)
+        assert [row.tenant_id for row in first.items] == ["t-a", "t-b", "t-c"] and first.next == "t-c"
+        assert [(row.tenant_id, row.threads) for row in store.tenants(after="t-c").items] == [(None, 1)]
+        assert store.tenants(after="t-c").next is None
+        assert [row.tenant_id for row in store.tenants(after="t-aa").items] == ["t-b", "t-c", None]
+        assert store.tenants(limit=1, after="zzz") == TenantPage(items=(TenantCount(tenant_id=None, threads=1),))
+
+    def test_tenants_follow_the_latest_checkpoint_and_deletes(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        writers = self._roots(harness, store, ["t1", "t2"], tenant="acme")
+        writers["t1"].step("t1-c2", tenant="other")
+        assert [(r.tenant_id, r.threads) for r in store.tenants().items] == [("acme", 1), ("other", 1)]
+        writers["t2"].commit(metadata={DELETING_KEY: "true"})  # listed DELETED by threads: still counted
+        assert [(r.tenant_id, r.threads) for r in store.tenants().items] == [("acme", 1), ("other", 1)]
+        writers["t2"].delete()
+        assert [(r.tenant_id, r.threads) for r in store.tenants().items] == [("other", 1)]
+
+    def test_tenants_refuse_a_bad_limit_or_cursor(self, harness: StoreHarness, store: Checkpointer) -> None:
+        for bad in (0, TenantPage.MAX_LIMIT + 1, "3", None, True):
+            expect(ValidationError, lambda b=bad: store.tenants(limit=b), field="limit")
+        for bad_after in ("", "a\x00b", "x" * 256, 5):
+            expect(ValidationError, lambda b=bad_after: store.tenants(after=b), field="after")
 
     def test_thread_status_follows_claims_and_the_deleting_mark(
         self, harness: StoreHarness, store: Checkpointer
