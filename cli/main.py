@@ -79,6 +79,9 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     "threads": LazyCommand(
         "threadloom.cli.read:threads", "List a tenant's root threads, most recently updated first."
     ),
+    "tenants": LazyCommand(
+        "threadloom.cli.tenants:tenants", "List the tenants with how many root threads each holds."
+    ),
     "show": LazyCommand(
         "threadloom.cli.read:show", "Show THREAD's latest checkpoint, its pending writes and its registry row."
     ),

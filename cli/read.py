@@ -58,7 +58,12 @@ _log = structlog.get_logger("threadloom.cli")
 
 
 @click.command()
-@click.option("--tenant", default=None, metavar="TENANT", help="The tenant whose threads to list (absent: no tenant).")
+@click.option(
+    "--tenant",
+    default=None,
+    metavar="TENANT",
+    help="The tenant whose threads to list (absent: the threads with no tenant; 'threadloom tenants' lists them).",
+)
 @click.option(
     "--status",
     "statuses",
@@ -78,6 +83,9 @@ _log = structlog.get_logger("threadloom.cli")
 def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], limit: int, all_pages: bool) -> None:
     """List a tenant's root threads, most recently updated first.
 
+    Without --tenant it lists the threads that have no tenant, and says how many root threads the tenants hold
+    (list those with --tenant T, or the tenants with 'threadloom tenants').
+
     Status: running (a live claim holds it), idle (no live claim, latest checkpoint running), suspended,
     completed, failed, deleted (a cascade delete began).
     """
@@ -94,8 +102,18 @@ def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], l
     while all_pages and page.next is not None:
         page = store.threads(attrs.evolve(query, after=page.next))
         items.extend(page.items)
+    others = None
+    if tenant is None:
+        from threadloom.cli.tenants import other_tenants
+
+        others = other_tenants(store)
     if state.json_output:
-        state.emit({"tenant_id": tenant, "threads": [summary_json(s) for s in items], "next": cursor_json(page.next)})
+        document: dict[str, Any] = {
+            "tenant_id": tenant, "threads": [summary_json(s) for s in items], "next": cursor_json(page.next)
+        }
+        if others is not None:
+            document["other_tenants"] = others.to_json()
+        state.emit(document)
         return
     title = f"threads of tenant {tenant!r}" if tenant is not None else "threads (no tenant)"
     table = new_table(title, "thread", "status", "updated at", "latest checkpoint", "latest run", "graph", "metadata")
@@ -112,6 +130,8 @@ def threads(ctx: click.Context, tenant: str | None, statuses: tuple[str, ...], l
     state.out.print(table)
     more = " — more follow: add --all-pages" if page.next else ""
     state.out.print(Text(f"{len(items)} thread(s){more}", style="dim"))
+    if others is not None and others.threads:
+        state.out.print(Text(others.hint, style="dim"))
 
 
 # -- show --------------------------------------------------------------------------------------------------------------

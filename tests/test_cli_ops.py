@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from threadloom import (
     Checkpoint,
+    CheckpointOrigin,
     CheckpointStatus,
     ClaimRequest,
     Commit,
@@ -490,6 +491,65 @@ def test_global_options_are_accepted_after_the_command_name(backend: Backend, st
 
     assert hoist_global_options(["demo", "--store", "x", "--json"]) == ["--json", "demo", "--store", "x"]
     assert hoist_global_options(["events", "t", "--", "--json"]) == ["events", "t", "--", "--json"]
+
+
+# -- tenants, and what threads without --tenant says ----------------------------------------------------------------
+
+
+def _tenant_threads(store: Any) -> None:
+    """acme: 3 root threads and a child; beta: 1; no tenant: 2."""
+    for thread, tenant, origin in [("a1", "acme", None), ("a2", "acme", None), ("a3", "acme", None),
+                                   ("a1-kid", "acme", "a1"), ("b1", "beta", None), ("n1", None, None),
+                                   ("n2", None, None)]:
+        claim = store.claim(thread, ClaimRequest(holder=f"run-{thread}", ttl=TTL, tenant_id=tenant))
+        store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
+            id=f"{thread}:0", parent=None, thread_id=thread, run_id=f"run-{thread}", status=CheckpointStatus.COMPLETED,
+            created_at=NOW, tenant_id=tenant,
+            origin=CheckpointOrigin(parent_thread=origin) if origin is not None else None,
+        )))
+        store.release(thread, claim.token)
+
+
+def test_tenants_lists_root_thread_counts_pages_and_changes_nothing(backend: Backend, store: Any) -> None:
+    _tenant_threads(store)
+    before = backend.dump()
+    listed = run(backend, "--json", "tenants")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output) == {
+        "tenants": [{"tenant_id": "acme", "threads": 3}, {"tenant_id": "beta", "threads": 1},
+                    {"tenant_id": None, "threads": 2}],
+        "next": None,
+    }
+    first = json.loads(run(backend, "--json", "tenants", "--limit", "1").output)
+    assert first == {"tenants": [{"tenant_id": "acme", "threads": 3}], "next": "acme"}
+    rest = json.loads(run(backend, "--json", "tenants", "--after", "acme").output)
+    assert [row["tenant_id"] for row in rest["tenants"]] == ["beta", None] and rest["next"] is None
+    table = run(backend, "tenants", "--limit", "2")
+    assert table.exit_code == 0, table.output
+    assert "(no tenant)" not in table.output and "more follow: --after beta" in table.output
+    assert "(no tenant)" in run(backend, "tenants").output
+    for bad in (["--limit", "0"], ["--after", ""]):
+        refused = run(backend, "tenants", *bad)
+        assert refused.exit_code == EXIT_USAGE, refused.output
+    assert backend.dump() == before
+
+
+def test_threads_without_tenant_says_what_other_tenants_hold(backend: Backend, store: Any) -> None:
+    _tenant_threads(store)
+    before = backend.dump()
+    listed = run(backend, "--json", "threads")
+    assert listed.exit_code == 0, listed.output
+    document = json.loads(listed.output)
+    assert sorted(s["thread_id"] for s in document["threads"]) == ["n1", "n2"]
+    assert document["other_tenants"]["tenants"] == 2 and document["other_tenants"]["threads"] == 4
+    assert document["other_tenants"]["complete"] is True
+    table = run(backend, "threads").output
+    assert "4 more root thread(s) belong to 2 tenant(s)" in " ".join(table.split())
+    assert "--tenant T" in table and "threadloom tenants" in table
+    scoped = run(backend, "--json", "threads", "--tenant", "acme")
+    assert "other_tenants" not in json.loads(scoped.output)
+    assert "more root thread" not in run(backend, "threads", "--tenant", "acme").output
+    assert backend.dump() == before
 
 
 def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
