@@ -8,7 +8,7 @@ the thread, and finish them. Entry ids and attempt numbers are the store's, neve
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import attrs
@@ -125,3 +125,28 @@ class PurgePage:
     visited: int
     purged: tuple[int, ...] = ()
     next: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class QueueDepth:
+    """How deep the run queue is, read at one moment by :meth:`RunQueue.depth`.
+
+    Attributes:
+        open: how many entries are open (waiting, or leased by a worker): not finished yet.
+        oldest_enqueued_at: when the oldest open entry (the lowest ``entry_id``) was enqueued, by the store's
+            clock; None when no entry is open.
+        read_at: the store's clock when it was read.
+    """
+
+    open: int
+    oldest_enqueued_at: datetime | None
+    read_at: datetime
+
+    @property
+    def oldest_age(self) -> timedelta | None:
+        """How long the oldest open entry has waited, by the store's clock (never negative); None when none is
+        open."""
+        if self.oldest_enqueued_at is None:
+            return None
+        return max(self.read_at - self.oldest_enqueued_at, timedelta(0))
+

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from threadloom.domain.errors import StoreClosed, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
     ClaimRequest,
@@ -287,6 +287,9 @@ class ForwardingRunQueue(RunQueue):
 
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
         return self._forward("open_runs", thread_ids)
+
+    def depth(self) -> QueueDepth:
+        return self._forward("depth")
 
 
 __all__ = ["ForwardingCheckpointer", "ForwardingRunQueue"]

@@ -45,7 +45,7 @@ from typing import Any
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreClosed, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.persistence.logs import SlowCalls
 
 MAX_ERROR_LENGTH = 4000
@@ -254,6 +254,18 @@ class RunQueue(abc.ABC):
         """
 
     @abc.abstractmethod
+    def depth(self) -> QueueDepth:
+        """How many entries are open and when the oldest of them was enqueued, read in one statement.
+
+        Counts through the queue's index of entries by status (every open entry is counted: the cost grows
+        with the number of open entries, not with the finished ones). Reads only: retrying is safe.
+
+        Returns:
+            ``QueueDepth``: ``open``, ``oldest_enqueued_at`` (None when none is open) and ``read_at``, both by
+            the store's clock; ``oldest_age`` is their difference.
+        """
+
+    @abc.abstractmethod
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
         """The RunIds the open entries of each of ``thread_ids`` (at most 1000) recorded.
 
@@ -433,6 +445,14 @@ class QueueBase(SlowCalls, RunQueue):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("entries", None, started)
 
+    def depth(self) -> QueueDepth:
+        started = self._begin("depth")
+        try:
+            return self._depth()
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("depth", None, started)
+
     def open_runs(self, thread_ids: Iterable[str]) -> Mapping[str, frozenset[str]]:
         ids = _thread_ids("thread_ids", thread_ids)
         started = self._begin("open_runs")
@@ -486,6 +506,9 @@ class QueueBase(SlowCalls, RunQueue):
     @abc.abstractmethod
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]: ...
 
+    @abc.abstractmethod
+    def _depth(self) -> QueueDepth: ...
+
 
 MAX_RUNS_PER_ENTRY = 1000
 """Most RunIds one entry records; an entry that reached it is a ``ValidationError`` on ``record_run``."""
@@ -493,7 +516,7 @@ MAX_RUNS_PER_ENTRY = 1000
 
 QUEUE_OPERATIONS: tuple[str, ...] = (
     "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "take_lease", "entry", "entries",
-    "open_runs", "purge",
+    "open_runs", "purge", "depth",
 )
 """The public methods of :class:`RunQueue` (the forwarding base and the metered queue iterate over this list)."""
 

@@ -620,6 +620,7 @@ def test_every_queue_read_is_answered_through_an_index(harness: PgHarness, store
     queue.entries(limit=10, after=1500)
     queue.entries(limit=10, after=1500, status=EntryStatus.OPEN)
     queue.open_runs(["busy", "old7"])
+    queue.depth()
     store._db.call = original  # noqa: SLF001
     with raw(harness) as conn:
         conn.execute("SET enable_seqscan = off")
@@ -628,7 +629,7 @@ def test_every_queue_read_is_answered_through_an_index(harness: PgHarness, store
             plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + cursor.mogrify(statement, params)))
             assert "Seq Scan" not in plan, f"{operation} scans a table:\n{plan}"
     plans = {operation: None for operation, _, _ in captured}
-    assert set(plans) == {"entry", "entries", "open_runs"}
+    assert set(plans) == {"entry", "entries", "open_runs", "depth"}
 
 
 # -- the retention the queue protects, through every store over the schema --------------------------------------

@@ -409,6 +409,28 @@ def test_entries_page_by_id(env):
     assert [e.entry_id for e in rest] == ids[2:]
 
 
+def test_depth_counts_open_entries_and_dates_the_oldest_by_the_store_clock(env):
+    _store, queue, env = env
+    empty = queue.depth()
+    assert empty.open == 0 and empty.oldest_enqueued_at is None and empty.oldest_age is None
+    a = queue.enqueue("t1", graph_id="g")
+    env.advance(env.tick)
+    b = queue.enqueue("t2", graph_id="g")
+    queue.enqueue("t3", graph_id="g", delay=env.tick * 100)  # waiting for its delay: open all the same
+    lease = queue.lease("w", TTL)
+    assert lease is not None and lease.entry.entry_id == a.entry_id
+    env.advance(env.tick)
+    depth = queue.depth()
+    assert depth.open == 3  # a leased entry is open until finished
+    assert depth.oldest_enqueued_at == a.enqueued_at
+    assert depth.oldest_age is not None and depth.oldest_age >= env.tick * 2
+    if env.clock is not None:
+        assert depth.read_at == env.clock.now() and depth.oldest_age == env.tick * 2
+    queue.finish(a.entry_id, lease.attempt)
+    after = queue.depth()
+    assert after.open == 2 and after.oldest_enqueued_at == b.enqueued_at
+
+
 def test_open_runs_names_the_runs_of_open_entries_only(env):
     _store, queue, _clock = env
     a = queue.enqueue("t1", graph_id="g")

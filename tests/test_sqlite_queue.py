@@ -416,6 +416,7 @@ def test_every_queue_statement_is_answered_through_an_index(path: str, store: Sq
         "_SQL_Q_ENTRIES_OF": "run_queue_status (status=? AND entry_id>?)",
         "_SQL_Q_OPEN_RUNS": "run_queue_thread (thread_id=?)",
         "_SQL_Q_HAS_RUN": "run_queue_runs_run (entry_id=? AND run_id=?)",
+        "_SQL_Q_DEPTH": "COVERING INDEX run_queue_status (status=?)",
     }
     for name, fragment in expected.items():
         assert any(fragment in line for line in query_plan(conn, statements[name])), (name, query_plan(conn, statements[name]))

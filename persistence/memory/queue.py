@@ -15,7 +15,7 @@ import attrs
 
 from threadloom.domain import rules
 from threadloom.domain.errors import StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.clock import read_clock
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
@@ -229,6 +229,12 @@ class InMemoryRunQueue(QueueBase):
                 if len(out) == limit:
                     break
             return out
+
+    def _depth(self) -> QueueDepth:
+        with self._store._lock:
+            open_ids = [entry_id for entry_id, row in self._rows.items() if row.status is EntryStatus.OPEN]
+            oldest = self._rows[min(open_ids)].enqueued_at if open_ids else None
+            return QueueDepth(open=len(open_ids), oldest_enqueued_at=oldest, read_at=self._now())
 
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
         with self._store._lock:

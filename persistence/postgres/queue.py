@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import ProcessingError, StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.postgres import sql as q
 from threadloom.persistence.postgres.calls import as_utc
@@ -80,6 +80,7 @@ class PostgresRunQueue(QueueBase):
                 "Q_RELEASE",
                 "Q_ENTRY",
                 "Q_ENTRIES",
+                "Q_DEPTH",
                 "Q_ENTRIES_OF",
                 "Q_OPEN_RUNS",
                 "Q_TAKE_LEASE",
@@ -199,6 +200,12 @@ class PostgresRunQueue(QueueBase):
                 "entries", None, self._sql["Q_ENTRIES_OF"], (status.value, after, limit), write=False
             )
         return [entry_value(row) for row in rows]
+
+    def _depth(self) -> QueueDepth:
+        count, oldest, now = self._db.call("depth", None, self._sql["Q_DEPTH"], (), write=False)[0]
+        return QueueDepth(
+            open=count, oldest_enqueued_at=as_utc(oldest) if oldest is not None else None, read_at=as_utc(now)
+        )
 
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
         rows = self._db.call("open_runs", None, self._sql["Q_OPEN_RUNS"], (list(thread_ids),), write=False)

@@ -100,6 +100,11 @@ Q_PURGE = (
     "SELECT (SELECT count(*) FROM page), (SELECT max(entry_id) FROM page), "
     "ARRAY(SELECT entry_id FROM gone ORDER BY entry_id)"
 )
+# depth: the open entries counted on run_queue_status, the oldest one's enqueue time, and the database's clock.
+Q_DEPTH = (
+    "SELECT count(*), (SELECT o.enqueued_at FROM {s}.run_queue o WHERE o.status = 'open' ORDER BY o.entry_id"
+    " LIMIT 1), statement_timestamp() FROM {s}.run_queue q WHERE q.status = 'open'"
+)
 Q_OPEN_RUNS = (
     "SELECT q.thread_id, r.run_id FROM {s}.run_queue q JOIN {s}.run_queue_runs r ON r.entry_id = q.entry_id "
     "WHERE q.thread_id = ANY (%s::text[]) AND q.status = 'open'"

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from threadloom.domain.clock import from_micros, to_micros
 from threadloom.domain.errors import StaleLease, ValidationError
-from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.persistence import codec
 from threadloom.persistence.queue import MAX_RUNS_PER_ENTRY, QueueBase
 
@@ -142,6 +142,11 @@ _SQL_Q_OPEN_RUNS = (
 # take_lease: the entry's state, then _SQL_Q_LEASE on it.
 _SQL_Q_TAKE_STATE = "SELECT status, leased_by, lease_expires_at FROM run_queue WHERE entry_id = ?"
 # purge: one page of entries by primary key, then each finished, old enough entry and its runs deleted.
+# depth: the open entries counted on the run_queue_status index, and the oldest one's enqueue time.
+_SQL_Q_DEPTH = (
+    "SELECT count(*), (SELECT enqueued_at FROM run_queue INDEXED BY run_queue_status WHERE status = 'open'"
+    " ORDER BY entry_id LIMIT 1) FROM run_queue INDEXED BY run_queue_status WHERE status = 'open'"
+)
 _SQL_Q_PURGE_PAGE = "SELECT entry_id, status, finished_at FROM run_queue WHERE entry_id > ? ORDER BY entry_id LIMIT ?"
 _SQL_Q_PURGE_ENTRY = "DELETE FROM run_queue WHERE entry_id = ? AND status <> 'open'"
 _SQL_Q_PURGE_RUNS = "DELETE FROM run_queue_runs WHERE entry_id = ?"
@@ -401,6 +406,13 @@ class SqliteRunQueue(QueueBase):
 
     def _entries(self, limit: int, after: int, status: EntryStatus | None) -> list[QueueEntry]:
         return self._db.read("entries", None, _read_page, limit, after, status)
+
+    def _depth(self) -> QueueDepth:
+        now = self._db.now()
+        count, oldest = self._db.fetch_all("depth", None, _SQL_Q_DEPTH, ())[0]
+        return QueueDepth(
+            open=count, oldest_enqueued_at=from_micros(oldest) if oldest is not None else None, read_at=now
+        )
 
     def _open_runs(self, thread_ids: tuple[str, ...]) -> Mapping[str, frozenset[str]]:
         return self._db.read("open_runs", None, open_runs_in, thread_ids, snapshot=False)
