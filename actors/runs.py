@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome
+from threadloom.actors.metrics import RuntimeMetrics
 from threadloom.actors.policies import ClaimPolicy
 from threadloom.actors.scheduler import IdFactory, Scheduler
 from threadloom.domain.clock import Clock
@@ -77,6 +78,8 @@ class RunEnv:
     node_id: str
     start_child: Callable[[str, Graph, Any, NodeContext], RunHandle]
     track_thread: Callable[[threading.Thread], None] = lambda _thread: None
+    metrics: RuntimeMetrics = attrs.field(factory=lambda: RuntimeMetrics(None, ""))
+    """Where the run's events are counted (README "Metrics"); records nothing without a meter."""
 
 
 class RunHandle:

@@ -25,6 +25,7 @@ import pykka
 from threadloom.actors.cascade import CascadeDelete
 from threadloom.actors.graph import STEP_KEY, Graph, NodeContext, RunOutcome
 from threadloom.actors.logs import log as _log
+from threadloom.actors.metrics import RuntimeMetrics
 from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, WatchPolicy
 from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
@@ -56,6 +57,7 @@ from threadloom.domain.values import (
 )
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.clock import SystemClock
+from threadloom.persistence.metrics.meter import Meter
 from threadloom.persistence.queue import RunQueue
 
 CHILD_BUSY_RETRY = timedelta(milliseconds=100)
@@ -96,6 +98,10 @@ class GraphRuntime:
         scheduler: timers, background tasks and waits (default real threads by ``clock``).
         sweep: a periodic retention sweep run by the supervisor (default None: none).
         close_timeout: how long :meth:`close` waits for runs, workers and threads to end (default 10 s).
+        meter: where the runtime's own metrics go (runs started, completed, failed, recovered and taken over,
+            claims lost, the run queue's depth and oldest entry's age while it serves, subscription lag:
+            docs/operations.md "Metrics"); None (default): none are recorded. Store calls are metered by wrapping
+            the store in a ``MeteredCheckpointer`` (share the meter to export both).
 
     Raises:
         ValidationError: a bad argument.
@@ -114,6 +120,7 @@ class GraphRuntime:
         scheduler: Scheduler | None = None,
         sweep: SweepSchedule | None = None,
         close_timeout: timedelta = timedelta(seconds=10),
+        meter: Meter | None = None,
     ) -> None:
         _instance("store", store, Checkpointer)
         self.store = store
@@ -132,6 +139,10 @@ class GraphRuntime:
         if sweep is not None:
             _instance("sweep", sweep, SweepSchedule)
         v.check_positive_duration("close_timeout", close_timeout)
+        if meter is not None:
+            _instance("meter", meter, Meter)
+        self.metrics = RuntimeMetrics(meter, self.node_id)
+        """The runtime's metrics (``metrics.meter`` is the meter given, or None)."""
         self._close_timeout = close_timeout
         self._scheduler = scheduler if scheduler is not None else ThreadScheduler(self.clock)
         if not isinstance(self._scheduler, Scheduler):
@@ -152,6 +163,7 @@ class GraphRuntime:
             node_id=self.node_id,
             start_child=self._start_child,
             track_thread=self._track_thread,
+            metrics=self.metrics,
         )
         self._supervisor = self._scheduler.actor_class(Supervisor).start(self._env, queue, sweep)
 
@@ -443,6 +455,7 @@ class GraphRuntime:
         def ended(sub: Subscription) -> None:
             with self._lock:
                 self._subscriptions.pop(sub, None)
+            self._report_lag()
 
         subscription = Subscription(
             self.store,
@@ -452,10 +465,19 @@ class GraphRuntime:
             policy=self.watch_policy,
             tenant_check=check,
             on_end=ended,
+            on_lag=self._report_lag if self.metrics.enabled else None,
         )
         with self._lock:
             self._subscriptions[subscription] = None
         return subscription.start()
+
+    def _report_lag(self) -> None:
+        """Sets the subscription lag gauge: the most events any live subscription holds undelivered."""
+        if not self.metrics.enabled:
+            return
+        with self._lock:
+            subscriptions = list(self._subscriptions)
+        self.metrics.subscription_lag(max((sub.lag for sub in subscriptions), default=0))
 
     # -- threads ----------------------------------------------------------------------------------------------
 

@@ -185,6 +185,7 @@ class QueueWorker:
         or until the store cannot be used at all (then it stops the whole server, see :attr:`Server.error`)."""
         stop = self.server.stop_event
         while not stop.is_set():
+            self._sample_depth()
             try:
                 worked = self.poll_once()
             except _StopWorker as stopping:
@@ -198,6 +199,20 @@ class QueueWorker:
                 worked = False
             if not worked:
                 self._env.scheduler.wait(stop, self._env.clock.now() + self.policy.poll_interval)
+
+    def _sample_depth(self) -> None:
+        """Reads the queue's depth into the runtime's metrics when a meter records and a reading is due (one
+        worker of the runtime reads it at most once a ``QUEUE_SAMPLE_INTERVAL``). A failed read is logged
+        (``queue.depth_failed``) and the worker goes on."""
+        metrics = self._env.metrics
+        if not metrics.queue_due(self._env.clock.now()):
+            return
+        try:
+            depth = self.queue.depth()
+        except ThreadloomError as error:
+            self._log.warning("queue.depth_failed", op="depth", error=_describe(error))
+            return
+        metrics.queue_depth(depth)
 
     def _fatal(self, error: BaseException) -> bool:
         """True for a store failure no retry gets past (a damaged store, or one closed under the worker)."""

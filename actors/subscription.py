@@ -58,6 +58,7 @@ class Subscription:
         policy: WatchPolicy,
         tenant_check: Callable[[], bool],
         on_end: Callable[[Subscription], None] = lambda _sub: None,
+        on_lag: Callable[[], None] | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.after_seq = after_seq
@@ -65,6 +66,7 @@ class Subscription:
         self._policy = policy
         self._tenant_check = tenant_check
         self._on_end = on_end
+        self._on_lag = on_lag  # told (outside the lock) each time the events held undelivered changed
         self._cond = scheduler.condition()
         self._queue: collections.deque[EventRecord] = collections.deque()
         self._queued_seq = after_seq
@@ -168,7 +170,9 @@ class Subscription:
                     self._queued_seq = event.seq
             if batch:
                 self._cond.notify_all()
-            return True
+        if batch and self._on_lag is not None:
+            self._on_lag()
+        return True
 
     # -- the consumer -------------------------------------------------------------------------------------------
 
@@ -177,6 +181,15 @@ class Subscription:
         """The ``seq`` of the last event delivered (``after_seq`` before the first): subscribe again after it."""
         with self._cond:
             return self._last_seq
+
+    @property
+    def lag(self) -> int:
+        """How many events the subscription has read from the store and not delivered yet (0 once cancelled).
+
+        Events a replay has not read yet are not counted: the store is asked page by page.
+        """
+        with self._cond:
+            return 0 if self._cancelled else self._queued_seq - self._last_seq
 
     @property
     def active(self) -> bool:
@@ -210,10 +223,13 @@ class Subscription:
             if self._queue:
                 event = self._queue.popleft()
                 self._last_seq = event.seq
-                return event
-            if self._error is not None:
+            elif self._error is not None:
                 raise self._error
-            return None
+            else:
+                return None
+        if self._on_lag is not None:
+            self._on_lag()
+        return event
 
     def __iter__(self) -> Iterator[EventRecord]:
         """Yields events until the subscription is cancelled or ends (then raises its error, if any)."""

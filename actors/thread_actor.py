@@ -327,6 +327,7 @@ class ThreadRun:
     def _note_lost(self, error: StaleClaim, op: str) -> None:
         if self.lost is None:
             self.lost = error
+            self.env.metrics.run("claim_lost", self.spec.graph.graph_id)
             self._log.warning("claim.lost", op=op, token=self.token, current=error.current, error=str(error))
 
     def _event(self, type_: str, payload: Any, checkpoint_id: str | None, node: str | None = None) -> EventDraft:
@@ -387,6 +388,7 @@ class ThreadRun:
             return
         self.token = claim.token
         if claim.taken_over_from is not None:
+            self.env.metrics.run("taken_over", spec.graph.graph_id)
             self._log.info(
                 "claim.taken_over",
                 op="claim",
@@ -408,6 +410,7 @@ class ThreadRun:
             self._refuse(error)
             return
         _set(self.handle._claimed, claim)
+        self.env.metrics.run("recovered" if plan.mode == "recover" else "started", spec.graph.graph_id)
         self._log.info(
             "run.recovered" if plan.mode == "recover" else "run.started",
             op=plan.mode,
@@ -682,6 +685,7 @@ class ThreadRun:
         self.finished = True
         if is_fatal(error, self.env.store):
             error = self._reported(error)
+            self.env.metrics.run("failed", self.spec.graph.graph_id)
             self._log.error(
                 "run.failed",
                 op=self.spec.kind.value,
@@ -715,8 +719,10 @@ class ThreadRun:
             steps=self.steps_run,
             next=self.next_node if status is CheckpointStatus.SUSPENDED else None,
         )
+        completed = status is CheckpointStatus.COMPLETED
+        self.env.metrics.run("completed" if completed else "suspended", self.spec.graph.graph_id)
         self._log.info(
-            "run.completed" if status is CheckpointStatus.COMPLETED else "run.suspended",
+            "run.completed" if completed else "run.suspended",
             op="run",
             token=self.token,
             status=status.value,
@@ -784,8 +790,10 @@ class ThreadRun:
         timing = {"steps": self.steps_run, "duration_ms": self._ms(self._started_at) if self._started_at else None}
         if isinstance(error, CancelledError) and not fatal:
             # Cancelled by a stop or close: not a failure; the thread stays incomplete for a recovery.
+            self.env.metrics.run("stopped", self.spec.graph.graph_id)
             self._log.info("run.stopped", op="run", token=self.token, reason="cancelled", **timing)
         else:
+            self.env.metrics.run("failed", self.spec.graph.graph_id)
             (self._log.error if fatal else self._log.warning)(
                 "run.failed",
                 op="run",

@@ -587,8 +587,10 @@ def test_describe_refuses_a_conflicting_spec():
     with pytest.raises(ValidationError):
         meter.describe(MetricSpec(name="x_total", kind="histogram", help="x"))
     with pytest.raises(ValidationError) as caught:
-        MetricSpec(name="y", kind="gauge", help="y")  # type: ignore[arg-type]
+        MetricSpec(name="y", kind="summary", help="y")  # type: ignore[arg-type]
     assert caught.value.field == "spec.kind"
+    with pytest.raises(ValidationError):  # a name is one kind
+        meter.gauge("x_total")
     with pytest.raises(ValidationError):
         MetricSpec(name="y", kind="histogram", help="y", buckets=(5, 1))
 

@@ -1,10 +1,12 @@
 """The ``Meter`` interface and its in-process default, :class:`InMemoryMeter`.
 
-A meter keeps two kinds of metric, each named, with series told apart by labels:
+A meter keeps three kinds of metric, each named, with series told apart by labels:
 
 - a monotonic **counter**: ``meter.counter(name, labels).add(amount)`` (amount ≥ 0);
 - a **histogram**: ``meter.histogram(name, labels).observe(value)`` (``value`` in the metric's unit, seconds
-  for latency).
+  for latency);
+- a **gauge**: ``meter.gauge(name, labels).set(value)``, a reading that goes up and down (a queue's depth); the
+  last value set is the series' value.
 
 ``counter``/``histogram`` return a *bound* series: instrumented code binds each series once and then only calls
 ``add``/``observe``, which keeps recording cheap; ``meter.timer(calls, latency, labels)`` binds a calls counter
@@ -47,8 +49,8 @@ def _labels(value: Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_kind(_inst: Any, _attr: Any, value: Any) -> None:
-    if value not in ("counter", "histogram"):
-        raise ValidationError("spec.kind", (f"must be 'counter' or 'histogram', got {value!r}",))
+    if value not in ("counter", "histogram", "gauge"):
+        raise ValidationError("spec.kind", (f"must be 'counter', 'histogram' or 'gauge', got {value!r}",))
 
 
 def _check_buckets(_inst: Any, _attr: Any, value: Any) -> None:
@@ -65,16 +67,17 @@ class MetricSpec:
     Attributes:
         name: the metric's name, Prometheus style (``threadloom_store_calls_total``; a counter ends in
             ``_total``).
-        kind: ``"counter"`` or ``"histogram"``.
+        kind: ``"counter"``, ``"histogram"`` or ``"gauge"``.
         help: one sentence saying what it counts or measures.
         labels: the label keys every recording of it carries, in a fixed order.
-        unit: the unit of a histogram's observations (``"s"`` for seconds), ``""`` for counts.
+        unit: the unit of a histogram's observations or a gauge's values (``"s"`` for seconds), ``""`` for
+            counts.
         buckets: a histogram's bucket upper bounds (strictly increasing, ``+Inf`` implied); None for a counter,
             or for a histogram: :data:`LATENCY_BUCKETS`.
     """
 
     name: str
-    kind: Literal["counter", "histogram"] = attrs.field(validator=_check_kind)
+    kind: Literal["counter", "histogram", "gauge"] = attrs.field(validator=_check_kind)
     help: str
     labels: tuple[str, ...] = attrs.field(default=(), converter=_labels)
     unit: str = ""
@@ -100,6 +103,13 @@ class BoundHistogram(Protocol):
 
     def observe(self, value: float) -> None:
         """Records ``value``, in the metric's unit."""
+
+
+class BoundGauge(Protocol):
+    """One series of a gauge, its labels fixed: what :meth:`Meter.gauge` returns."""
+
+    def set(self, value: float) -> None:
+        """Sets the series' value to ``value``, in the metric's unit."""
 
 
 class BoundTimer(Protocol):
@@ -158,6 +168,18 @@ class Meter(abc.ABC):
         Raises:
             ValidationError: ``name`` is known as a counter, or ``labels`` do not fit its label keys.
         """
+
+    def gauge(self, name: str, labels: Labels = ()) -> BoundGauge:
+        """The series ``labels`` of gauge ``name`` (the same series for the same arguments).
+
+        The meters of this package keep gauges; this default, for a meter written before gauges existed,
+        refuses: the runtime then logs ``metrics.failed`` once and records its counters all the same.
+
+        Raises:
+            ValidationError: the meter keeps no gauges, ``name`` is known as another kind, or ``labels`` do not
+                fit its label keys.
+        """
+        raise ValidationError("name", (f"{type(self).__name__} keeps no gauges (cannot record {name!r})",))
 
     def timer(self, calls: str, latency: str, labels: Labels = ()) -> BoundTimer:
         """The series ``labels`` of counter ``calls`` and of histogram ``latency``, recorded together.
@@ -250,10 +272,12 @@ class MeterSnapshot:
     Attributes:
         counters: ``(name, labels)`` → value, ``labels`` being sorted ``(key, value)`` pairs.
         histograms: ``(name, labels)`` → :class:`HistogramSnapshot`.
+        gauges: ``(name, labels)`` → the last value set (series never set are left out).
     """
 
     counters: Mapping[tuple[str, Labels], float]
     histograms: Mapping[tuple[str, Labels], HistogramSnapshot]
+    gauges: Mapping[tuple[str, Labels], float] = attrs.field(factory=dict)
 
     def counter(self, name: str, **labels: str) -> float:
         """The total of counter ``name`` over every series whose labels include ``labels``; 0 if none.
@@ -264,6 +288,12 @@ class MeterSnapshot:
         return sum(
             value for (key, series), value in self.counters.items() if key == name and _matches(series, labels)
         )
+
+    def gauge(self, name: str, **labels: str) -> float | None:
+        """The largest value of gauge ``name`` among the series whose labels include ``labels``; None if none
+        was set."""
+        values = [v for (key, series), v in self.gauges.items() if key == name and _matches(series, labels)]
+        return max(values) if values else None
 
     def histogram(self, name: str, **labels: str) -> HistogramSnapshot | None:
         """Histogram ``name`` merged over every series whose labels include ``labels``; None if none."""
@@ -278,9 +308,14 @@ class MeterSnapshot:
 
         Returns:
             ``{"counters": [{"name", "labels", "value"}], "histograms": [{"name", "labels", "count", "sum",
-            "buckets": [[upper_bound, cumulative_count], …]}]}``, the last bound written ``"+Inf"``.
+            "buckets": [[upper_bound, cumulative_count], …]}], "gauges": [{"name", "labels", "value"}]}``, the
+            last bound written ``"+Inf"``.
         """
         return {
+            "gauges": [
+                {"name": name, "labels": dict(labels), "value": value}
+                for (name, labels), value in sorted(self.gauges.items())
+            ],
             "counters": [
                 {"name": name, "labels": dict(labels), "value": value}
                 for (name, labels), value in sorted(self.counters.items())
@@ -314,6 +349,20 @@ class _CounterSeries:
             self.value += amount
         finally:
             lock.release()
+
+
+class _GaugeSeries:
+    """A bound gauge series of an :class:`InMemoryMeter`; updated under the meter's lock."""
+
+    __slots__ = ("_lock", "value")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.value: float | None = None  # None until first set
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self.value = value
 
 
 class _HistogramSeries:
@@ -382,7 +431,7 @@ def _normalize(labels: Labels) -> Labels:
 
 
 class InMemoryMeter(Meter):
-    """Keeps every counter and histogram in this process; :meth:`snapshot` reads them (tests, the CLI).
+    """Keeps every counter, histogram and gauge in this process; :meth:`snapshot` reads them (tests, the CLI).
 
     Thread-safe: one lock guards every series, so a snapshot is consistent across series. A histogram uses the
     buckets of its :class:`MetricSpec` when it was described, else :data:`LATENCY_BUCKETS`.
@@ -394,6 +443,7 @@ class InMemoryMeter(Meter):
         self._kinds: dict[str, str] = {}
         self._counters: dict[tuple[str, Labels], _CounterSeries] = {}
         self._histograms: dict[tuple[str, Labels], _HistogramSeries] = {}
+        self._gauges: dict[tuple[str, Labels], _GaugeSeries] = {}
 
     def __repr__(self) -> str:
         return f"InMemoryMeter({len(self._counters)} counter series, {len(self._histograms)} histogram series)"
@@ -443,6 +493,16 @@ class InMemoryMeter(Meter):
                     series = self._histograms[key] = _HistogramSeries(self._lock, bounds)
         return series
 
+    def gauge(self, name: str, labels: Labels = ()) -> BoundGauge:
+        """The series ``labels`` of gauge ``name``, made on first use (left out of snapshots until set)."""
+        key = (name, _normalize(labels))
+        series = self._gauges.get(key)
+        if series is None:
+            with self._lock:
+                self._kind(name, "gauge")
+                series = self._gauges.setdefault(key, _GaugeSeries(self._lock))
+        return series
+
     def timer(self, calls: str, latency: str, labels: Labels = ()) -> BoundTimer:
         """Counter ``calls`` and histogram ``latency`` of series ``labels``, updated under one lock acquisition."""
         counter, histogram = self.counter(calls, labels), self.histogram(latency, labels)
@@ -457,6 +517,7 @@ class InMemoryMeter(Meter):
             return MeterSnapshot(
                 counters={key: series.value for key, series in self._counters.items() if series.value},
                 histograms={key: series.snapshot() for key, series in self._histograms.items() if series.count},
+                gauges={key: series.value for key, series in self._gauges.items() if series.value is not None},
             )
 
     def reset(self) -> None:
@@ -466,6 +527,8 @@ class InMemoryMeter(Meter):
                 counter.value = 0
             for histogram in self._histograms.values():
                 histogram.clear()
+            for gauge in self._gauges.values():
+                gauge.value = None
 
 
 def labels_of(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
@@ -477,6 +540,7 @@ def labels_of(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
 __all__ = [
     "LATENCY_BUCKETS",
     "BoundCounter",
+    "BoundGauge",
     "BoundHistogram",
     "BoundTimer",
     "HistogramSnapshot",

@@ -6,8 +6,9 @@ imported when a meter is built, never when this module is imported.
 
 Names: a counter ``x_total`` becomes the OpenTelemetry ``Counter`` ``x`` (OpenTelemetry's convention: the
 ``_total`` suffix is added by a Prometheus exporter, not by the instrument); a histogram keeps its name, with
-its spec's unit (``"s"``) and its bucket bounds as the advisory explicit bucket boundaries. Labels become
-attributes.
+its spec's unit (``"s"``) and its bucket bounds as the advisory explicit bucket boundaries; a gauge becomes a
+synchronous ``Gauge`` of the same name (an API without ``create_gauge``, before 1.23, refuses gauges with a
+``ValidationError``). Labels become attributes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
-from threadloom.persistence.metrics.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.meter import BoundCounter, BoundGauge, BoundHistogram, Labels, Meter, MetricSpec
 
 
 def _import_metrics_api() -> Any:
@@ -77,6 +78,11 @@ class OpenTelemetryMeter(Meter):
         name = instrument_name(spec)
         if spec.kind == "counter":
             instrument = self._otel.create_counter(name, unit=spec.unit or "1", description=spec.help)
+        elif spec.kind == "gauge":
+            create_gauge = getattr(self._otel, "create_gauge", None)
+            if create_gauge is None:
+                raise ValidationError("spec", (f"this OpenTelemetry API has no synchronous gauge for {name!r}",))
+            instrument = create_gauge(name, unit=spec.unit or "1", description=spec.help)
         else:
             try:
                 instrument = self._otel.create_histogram(
@@ -111,9 +117,14 @@ class OpenTelemetryMeter(Meter):
         """The ``Histogram`` for ``name`` (made on first use), bound to the attributes ``dict(labels)``."""
         return _Bound(self._instrument(name, "histogram").record, dict(labels))
 
+    def gauge(self, name: str, labels: Labels = ()) -> BoundGauge:
+        """The ``Gauge`` for ``name`` (made on first use), bound to the attributes ``dict(labels)``."""
+        return _Bound(self._instrument(name, "gauge").set, dict(labels))
+
 
 class _Bound:
-    """An instrument bound to one attribute set: ``add``/``observe`` call ``Counter.add``/``Histogram.record``."""
+    """An instrument bound to one attribute set: ``add``/``observe``/``set`` call ``Counter.add``,
+    ``Histogram.record`` or ``Gauge.set``."""
 
     __slots__ = ("_attributes", "_record")
 
@@ -125,6 +136,9 @@ class _Bound:
         self._record(amount, attributes=self._attributes)
 
     def observe(self, value: float) -> None:
+        self._record(value, attributes=self._attributes)
+
+    def set(self, value: float) -> None:
         self._record(value, attributes=self._attributes)
 
 

@@ -1,12 +1,12 @@
 """``PrometheusMeter``: a :class:`~threadloom.persistence.metrics.meter.Meter` over ``prometheus_client``.
 
 Needs the ``metrics`` extra (``pip install 'threadloom[metrics]'``); ``prometheus_client`` is imported when a
-meter is built, never when this module is imported. Each metric becomes a ``prometheus_client`` ``Counter`` or
-``Histogram`` of the same name in the meter's registry (a counter ``x_total`` is exposed as ``x_total``, plus the
-``x_created`` sample ``prometheus_client`` adds), with the label names, help text and buckets of its
-:class:`~threadloom.persistence.metrics.meter.MetricSpec`. Serve the registry with :meth:`PrometheusMeter.serve` (what
-``threadloom demo --metrics-port`` is meant to use), ``prometheus_client.start_http_server``, or any exposition
-of your own.
+meter is built, never when this module is imported. Each metric becomes a ``prometheus_client`` ``Counter``,
+``Histogram`` or ``Gauge`` of the same name in the meter's registry (a counter ``x_total`` is exposed as
+``x_total``, plus the ``x_created`` sample ``prometheus_client`` adds), with the label names, help text and
+buckets of its :class:`~threadloom.persistence.metrics.meter.MetricSpec`. Serve the registry with
+:meth:`PrometheusMeter.serve` (what ``threadloom demo --metrics-port`` is meant to use),
+``prometheus_client.start_http_server``, or any exposition of your own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from threadloom.domain.errors import ValidationError
-from threadloom.persistence.metrics.meter import BoundCounter, BoundHistogram, Labels, Meter, MetricSpec
+from threadloom.persistence.metrics.meter import BoundCounter, BoundGauge, BoundHistogram, Labels, Meter, MetricSpec
 
 
 def _import_prometheus() -> Any:
@@ -76,6 +76,8 @@ class PrometheusMeter(Meter):
         try:
             if spec.kind == "counter":
                 metric = self._prom.Counter(spec.name, spec.help, spec.labels, registry=self._registry)
+            elif spec.kind == "gauge":
+                metric = self._prom.Gauge(spec.name, spec.help, spec.labels, registry=self._registry)
             else:
                 metric = self._prom.Histogram(
                     spec.name, spec.help, spec.labels, registry=self._registry, buckets=spec.bucket_bounds
@@ -123,6 +125,10 @@ class PrometheusMeter(Meter):
     def histogram(self, name: str, labels: Labels = ()) -> BoundHistogram:
         """The child ``labels`` of the ``Histogram`` ``name``."""
         return self._child(name, "histogram", labels)
+
+    def gauge(self, name: str, labels: Labels = ()) -> BoundGauge:
+        """The child ``labels`` of the ``Gauge`` ``name`` (its ``set`` is the child's ``set``)."""
+        return self._child(name, "gauge", labels)
 
 
 class MetricsServer:

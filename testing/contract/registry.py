@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -224,10 +225,13 @@ class RegistryContract:
         assert [(r.tenant_id, r.threads) for r in store.tenants().items] == [("other", 1)]
 
     def test_tenants_refuse_a_bad_limit_or_cursor(self, harness: StoreHarness, store: Checkpointer) -> None:
-        for bad in (0, TenantPage.MAX_LIMIT + 1, "3", None, True):
-            expect(ValidationError, lambda b=bad: store.tenants(limit=b), field="limit")
-        for bad_after in ("", "a\x00b", "x" * 256, 5):
-            expect(ValidationError, lambda b=bad_after: store.tenants(after=b), field="after")
+        loose: Any = store  # ill-typed values on purpose
+        bad_limits: list[Any] = [0, TenantPage.MAX_LIMIT + 1, "3", None, True]
+        for bad in bad_limits:
+            expect(ValidationError, functools.partial(loose.tenants, limit=bad), field="limit")
+        bad_afters: list[Any] = ["", "a\x00b", "x" * 256, 5]
+        for bad in bad_afters:
+            expect(ValidationError, functools.partial(loose.tenants, after=bad), field="after")
 
     def test_thread_status_follows_claims_and_the_deleting_mark(
         self, harness: StoreHarness, store: Checkpointer
