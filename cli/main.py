@@ -114,6 +114,10 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
         "threadloom.cli.stats:stats",
         "Probe the store with read-only calls and print their metrics: calls, errors, latency per method.",
     ),
+    "serve": LazyCommand(
+        "threadloom.cli.serve:serve",
+        "Work the store's run queue with your graphs until SIGTERM; --metrics-port serves Prometheus metrics.",
+    ),
     "demo": LazyCommand(
         "threadloom.cli.demo.coordinator:demo",
         "Run the sample agent graph in worker processes, SIGKILL one mid-run, and verify what the store kept.",

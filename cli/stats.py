@@ -105,16 +105,35 @@ def _bound(ms: float | None) -> Text:
     help="Without --thread: read this many of the tenant's most recently updated threads.",
 )
 @click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True, help="Probe rounds.")
+@click.option(
+    "--runtime",
+    default=None,
+    metavar="HOST:PORT|URL",
+    help="Instead of probing the store, read a running worker's metrics port ('threadloom serve --metrics-port').",
+)
 @click.pass_context
-def stats(ctx: click.Context, tenant: str | None, threads: tuple[str, ...], sample: int, rounds: int) -> None:
+def stats(
+    ctx: click.Context, tenant: str | None, threads: tuple[str, ...], sample: int, rounds: int, runtime: str | None
+) -> None:
     """Probe the store with read-only calls and print their metrics: calls, errors, latency per method.
 
     Reads the registry and incomplete threads of --tenant, and for each thread (--thread, or a sample of the
     registry) its latest checkpoint, history, events, children and run lookup; writes nothing. Latency
     quantiles are bucket bounds (ms): p50 ≤ 2.5 means half the calls took at most 2.5 ms. With --json, prints
     the table's rows and the meter's whole snapshot.
+
+    With --runtime HOST:PORT (or an http URL), it opens no store: it reads the Prometheus metrics a running
+    worker serves (runs, claims, queue depth, subscription lag, store and queue calls) and prints each
+    threadloom sample.
     """
     state = state_of(ctx)
+    if runtime is not None:
+        if tenant is not None or threads:
+            raise CliError("--runtime reads a worker's metrics port: it takes no --tenant or --thread", 2)
+        from threadloom.cli.runtime_stats import print_runtime_stats
+
+        print_runtime_stats(state, runtime)
+        return
     v.check_optional_id("tenant", tenant)
     for thread_id in threads:
         v.check_id("thread", thread_id)

@@ -54,6 +54,7 @@ def demo_worker(
     if not isinstance(getattr(store, "queue", None), RunQueue):
         raise CliError(f"the store {state.safe_url!r} has no run queue")
     endpoint = None
+    meter = None
     if metrics_port is not None:
         from threadloom.persistence.metrics.prometheus import PrometheusMeter
 
@@ -78,7 +79,9 @@ def demo_worker(
         busy_delay=timedelta(milliseconds=250),
         max_attempts=100,
     )
-    runtime = GraphRuntime(store, node_id=name, claim_policy=ClaimPolicy(ttl=ttl, renew_every=renew_every))
+    runtime = GraphRuntime(
+        store, node_id=name, claim_policy=ClaimPolicy(ttl=ttl, renew_every=renew_every), meter=meter
+    )
     try:
         graphs = build_graphs(runtime, ledger, pace=pace)
         server = runtime.serve(graphs, concurrency=concurrency, policy=policy, block=False)

@@ -1,0 +1,128 @@
+"""``threadloom serve``: a worker process that works the store's run queue with your graphs until SIGTERM.
+
+It runs ``GraphRuntime.serve`` (README "Agent runs that survive crashes", "Stopping a worker") on the store named
+by ``--store``, with the graphs named by ``--graph module:attr``. With ``--metrics-port N`` the store (and its
+run queue) is metered and the runtime records its own metrics (runs, lost claims, queue depth, subscription lag)
+into one ``PrometheusMeter``, served on ``--metrics-host`` (the loopback by default) port N while it runs:
+``threadloom stats --runtime HOST:N`` prints them. The first line on stdout says what it serves and where its
+metrics are (a JSON object with ``--json``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import structlog
+
+from threadloom.cli.output import CliError, printable, state_of
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ValidationError
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.queue import RunQueue
+
+
+def _graphs(specs: tuple[str, ...]) -> list[Any]:
+    from threadloom.actors.graph import Graph
+    from threadloom.cli.thread_ops import _graph
+
+    graphs = []
+    for spec in specs:
+        graph = _graph(spec)
+        if not isinstance(graph, Graph):  # pragma: no cover - load_graph returns a Graph or refuses
+            raise CliError(f"--graph {spec}: not a Graph", 2, kind="ValidationError")
+        graphs.append(graph)
+    ids = [graph.graph_id for graph in graphs]
+    if len(set(ids)) != len(ids):
+        raise CliError(f"--graph names one graph id twice: {sorted(ids)}", 2, kind="ValidationError")
+    return graphs
+
+
+@click.command()
+@click.option("--graph", "graph_specs", required=True, multiple=True, metavar="MODULE:ATTR",
+              help="A Graph to serve (or a function returning one), importable from the working directory; repeat "
+                   "for several.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Workers: entries worked at once.")
+@click.option("--node-id", default=None, metavar="NAME", help="Names this worker in RunIds and log lines "
+              "[default: HOST-PID].")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
+              help="Meter the store, its run queue and the runtime, and serve the metrics on this port "
+                   "(0: a free port, printed).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="The address the metrics port listens on (0.0.0.0 to be scraped from other machines).")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    graph_specs: tuple[str, ...],
+    concurrency: int,
+    node_id: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Work the store's run queue with the given graphs until SIGTERM or Ctrl-C.
+
+    Each worker leases an entry of one of the graphs, runs it (or recovers a run a dead worker left), and
+    finishes the entry. The first SIGTERM or Ctrl-C lets the nodes in flight commit, hands their entries back and
+    exits 0; a second abandons them. Exit status 2: a bad --graph or a metrics port that is taken.
+    """
+    from threadloom.actors.policies import ServePolicy
+    from threadloom.actors.runtime import GraphRuntime
+
+    state = state_of(ctx)
+    if node_id is not None:
+        v.check_id("node_id", node_id)
+    graphs = _graphs(graph_specs)
+    store: Checkpointer = state.store()
+    if not isinstance(getattr(store, "queue", None), RunQueue):
+        raise CliError(f"the store {state.safe_url!r} has no run queue")
+    endpoint = None
+    meter = None
+    if metrics_port is not None:
+        try:
+            import prometheus_client
+
+            from threadloom.persistence.metrics.metered import MeteredCheckpointer
+            from threadloom.persistence.metrics.prometheus import PrometheusMeter
+
+            meter = PrometheusMeter(prometheus_client.CollectorRegistry())
+            endpoint = meter.serve(metrics_port, host=metrics_host)
+        except ImportError as error:
+            raise CliError(f"--metrics-port needs the metrics extra: {error}", 2) from error
+        except OSError as error:
+            raise CliError(
+                f"metrics port {metrics_port} on {printable(metrics_host)} is not available "
+                f"({error.strerror or error}); choose another --metrics-port", 2,
+            ) from error  # fmt: skip
+        store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
+    try:
+        runtime = GraphRuntime(store, node_id=node_id, meter=meter)
+        with runtime:
+            line = {
+                "serving": sorted(graph.graph_id for graph in graphs),
+                "store": state.safe_url,
+                "node_id": runtime.node_id,
+                "concurrency": concurrency,
+                "metrics": None if endpoint is None else endpoint.url,
+            }
+            if state.json_output:
+                state.emit(line)
+            else:
+                where = "" if endpoint is None else f"; metrics at {endpoint.url}"
+                state.out.print(
+                    f"serving {', '.join(line['serving'])} from {state.safe_url} as {runtime.node_id} "
+                    f"({concurrency} worker(s)){where}",
+                    markup=False, highlight=False, soft_wrap=True,
+                )  # fmt: skip
+            state.out.file.flush()
+            structlog.get_logger("threadloom.cli").info("serve.started", **line)
+            runtime.serve(graphs, concurrency=concurrency, policy=ServePolicy(), block=True)
+            structlog.get_logger("threadloom.cli").info("serve.stopped", node_id=runtime.node_id)
+    except ValidationError as error:
+        raise CliError(str(error), 2, kind="ValidationError") from error
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+__all__ = ["serve"]
