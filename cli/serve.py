@@ -98,8 +98,9 @@ def serve(
     try:
         runtime = GraphRuntime(store, node_id=node_id, meter=meter)
         with runtime:
-            line = {
-                "serving": sorted(graph.graph_id for graph in graphs),
+            served = sorted(graph.graph_id for graph in graphs)
+            line: dict[str, Any] = {
+                "serving": served,
                 "store": state.safe_url,
                 "node_id": runtime.node_id,
                 "concurrency": concurrency,
@@ -110,7 +111,7 @@ def serve(
             else:
                 where = "" if endpoint is None else f"; metrics at {endpoint.url}"
                 state.out.print(
-                    f"serving {', '.join(line['serving'])} from {state.safe_url} as {runtime.node_id} "
+                    f"serving {', '.join(served)} from {state.safe_url} as {runtime.node_id} "
                     f"({concurrency} worker(s)){where}",
                     markup=False, highlight=False, soft_wrap=True,
                 )  # fmt: skip

@@ -553,17 +553,10 @@ def test_threads_without_tenant_says_what_other_tenants_hold(backend: Backend, s
 
 
 def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
-    """``threads``, ``show`` and ``queue list`` in a real pseudo-terminal 80 columns wide: no line is wider."""
-    import fcntl
-    import os
-    import pty
-    import re
-    import struct
-    import subprocess
-    import sys
-    import termios
-
+    """``threads``, ``show``, ``queue list`` and ``tenants`` in a real pseudo-terminal 80 columns wide: no line is
+    wider."""
     from threadloom.persistence.sqlite.store import SqliteCheckpointer
+    from threadloom.testing.terminal import run_in_terminal
 
     path = tmp_path / "wide.db"
     with SqliteCheckpointer.open(str(path)) as store:
@@ -579,28 +572,33 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
             entry = store.queue.enqueue(thread, graph_id="a-graph-with-a-long-name", input={"n": i})
             lease = store.queue.lease(f"worker-node-{i}.example.internal", TTL)
             store.queue.record_run(entry.entry_id, lease.attempt, f"worker-node-{i}:run-0123456789abcdef")
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        tenant = "a-tenant-with-a-rather-long-name-for-an-eighty-column-terminal-0123456789"
+        claim = store.claim("tenanted", ClaimRequest(holder="r", ttl=TTL, tenant_id=tenant))
+        store.commit("tenanted", Commit(token=claim.token, checkpoint=Checkpoint(
+            id="c", parent=None, thread_id="tenanted", run_id="r", status=CheckpointStatus.COMPLETED, created_at=NOW,
+            tenant_id=tenant,
+        )))
     url = f"sqlite:///{path}"
     for args in (["threads"], ["show", "customer-support-conversation-0001-with-a-long-identifier"],
-                 ["queue", "list"]):
-        leader, follower = pty.openpty()
-        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        proc = subprocess.Popen([sys.executable, "-m", "threadloom", "--store", url, *args], stdin=follower,
-                                stdout=follower, stderr=follower, env=env, close_fds=True)
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(leader)
-        assert proc.wait(timeout=60) == 0
-        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", b"".join(chunks).decode())
-        lines = text.replace("\r", "").split("\n")
-        assert len(lines) > 3, text
-        assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
-        assert "customer" in text  # ids fold inside their cells
+                 ["queue", "list"], ["tenants"]):
+        shown = run_in_terminal(["--store", url, *args], columns=80, timeout_s=60)
+        assert shown.exit_code == 0, shown.text
+        assert len(shown.lines) > 3, shown.text
+        assert shown.wider_than(80) == [], shown.text
+        if args[0] != "tenants":
+            assert "customer" in shown.text  # ids fold inside their cells
+        else:
+            assert "a-tenant-with" in shown.text and "(no tenant)" in shown.text
+        if args[0] == "threads":
+            assert "1 more root thread(s) belong to 1 tenant(s)" in " ".join(shown.text.split())
+
+
+def test_the_terminal_replay_follows_a_live_redraw_and_reports_a_line_past_the_last_column() -> None:
+    from threadloom.testing.terminal import replay
+
+    live = "status 1\r\n\x1b[32mrow\x1b[0m\r\x1b[2K\x1b[1A\x1b[2Kstatus 2\r\nrow\r\n"
+    assert replay(live, 10) == ("status 2\nrow\n", ())
+    text, over = replay("x" * 12 + "\r\n" + "y" * 10 + "\r\n", 10)
+    assert text.split("\n")[:2] == ["x" * 12, "y" * 10] and over == ("x" * 12,)
+    erased, over = replay("z" * 11 + "\r\x1b[2Kshort\r\n", 10)
+    assert erased == "short\n" and over == ("z" * 11,)  # erased by a redraw, but it was drawn too wide

@@ -110,6 +110,22 @@ def test_the_demo_crashes_a_worker_and_every_check_passes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_the_demo_fits_an_80_column_terminal(tmp_path):
+    """The demo in a real pseudo-terminal 80 columns wide: its live lines, the crash and takeover lines and the
+    final table all fit, and it exits 0."""
+    from threadloom.testing.terminal import run_in_terminal
+
+    shown = run_in_terminal(["demo", "--runs", "4", "--workers", "2"], columns=80, cwd=tmp_path, timeout_s=180)
+    assert shown.exit_code == 0, shown.text
+    assert shown.wider_than(80) == [], shown.text
+    flat = " ".join(shown.text.split())
+    assert "SIGKILL worker-" in flat and "took over demo-" in flat, shown.text  # the live lines were there
+    assert "verification" in flat and "every run completed" in flat and "all checks passed" in flat
+    assert flat.count("PASS") == len(CHECKS)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_sigkilled_workers_threads_are_recovered_within_ttl_and_its_effects_ran_once(tmp_path):
     from threadloom.persistence.sqlite.store import SqliteCheckpointer
 

@@ -202,9 +202,12 @@ def print_result(console: Console, result: DemoResult) -> None:
                 f", recovered {min(latencies):.1f}–{max(latencies):.1f}s after the kill "
                 f"(claim ttl {result.plan.ttl.total_seconds():g}s)"
             )
-        console.print(Text(line), soft_wrap=True)
+        # Wrapped at word boundaries on a terminal (never past its last column); one line when piped.
+        console.print(Text(line), soft_wrap=not console.is_terminal)
     elif result.plan.crash:
-        console.print(Text("crash: none (no worker held a run mid-way at the time)"), soft_wrap=True)
+        console.print(
+            Text("crash: none (no worker held a run mid-way at the time)"), soft_wrap=not console.is_terminal
+        )
     summary = "all checks passed" if result.passed else "SOME CHECKS FAILED"
     console.print(
         Text(f"{summary} in {result.duration_s:.1f}s", style="bold green" if result.passed else "bold red")
