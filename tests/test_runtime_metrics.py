@@ -18,6 +18,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,20 +254,52 @@ def _stats(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_stats_runtime_reads_a_serving_worker_process(tmp_path: Path) -> None:
+def _sqlite_target(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, Any]:
     from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
-    (tmp_path / "smallgraph.py").write_text(GRAPH_MODULE)
     path = tmp_path / "served.db"
-    with SqliteCheckpointer.open(str(path)) as store:
+    SqliteCheckpointer.open(str(path)).close()
+    return f"sqlite:///{path}", lambda: SqliteCheckpointer.open(str(path))
+
+
+def _postgres_target(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, Any]:
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+    from threadloom.testing.postgres_harness import PgHarness
+
+    harness = PgHarness()  # skips loudly without a server (fails under CI=true)
+    request.addfinalizer(harness.cleanup)
+    harness.open_pg().close()  # creates the schema
+    sep = "&" if "?" in harness.dsn else "?"
+    return f"{harness.dsn}{sep}schema={harness.schema}", lambda: PostgresCheckpointer.open(
+        harness.dsn, harness.config()
+    )
+
+
+@pytest.fixture(
+    params=[_sqlite_target, pytest.param(_postgres_target, marks=pytest.mark.postgres)], ids=["sqlite", "postgres"]
+)
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]:
+    """``(store URL, open)``: a fresh store the commands open by URL, and how the test opens it."""
+    return request.param(tmp_path, request)
+
+
+def _entries(open_store: Any) -> list[Any]:
+    with open_store() as store:
+        return store.queue.entries(limit=100)
+
+
+@pytest.mark.slow
+def test_stats_runtime_reads_a_serving_worker_process(tmp_path: Path, target: tuple[str, Any]) -> None:
+    url_of_store, open_store = target
+    (tmp_path / "smallgraph.py").write_text(GRAPH_MODULE)
+    with open_store() as store:
         store.queue.enqueue("ok-1", graph_id="small", input={})
         store.queue.enqueue("ok-2", graph_id="small", input={})
         store.queue.enqueue("bad", graph_id="small", input={"fail": True})
         store.queue.enqueue("waits", graph_id="not-served", input={})
-        before = [store.queue.entry(n) for n in (1, 2, 3, 4)]
+    before = _entries(open_store)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "threadloom", "--store", f"sqlite:///{path}", "serve", "--graph", "smallgraph:graph",
+        [sys.executable, "-m", "threadloom", "--store", url_of_store, "serve", "--graph", "smallgraph:graph",
          "--metrics-port", "0"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "200"},
@@ -275,6 +308,7 @@ def test_stats_runtime_reads_a_serving_worker_process(tmp_path: Path) -> None:
         first = worker.stdout.readline()
         found = re.search(r"metrics at (http://127\.0\.0\.1:(\d+)/metrics)", first)
         assert found, (first, worker.stderr.read() if worker.poll() is not None else "")
+        assert first.startswith("serving small from ")
         url, port = found.group(1), found.group(2)
         deadline = time.monotonic() + 30
         while True:
@@ -300,13 +334,42 @@ def test_stats_runtime_reads_a_serving_worker_process(tmp_path: Path) -> None:
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0, worker.stderr.read()
-    with SqliteCheckpointer.open(str(path)) as store:
-        after = [store.queue.entry(n) for n in (1, 2, 3, 4)]
-    assert [e.status.value for e in after] == ["completed", "completed", "failed", "open"]
+    after = _entries(open_store)
+    assert [(e.thread_id, e.status.value) for e in after] == [
+        ("ok-1", "completed"), ("ok-2", "completed"), ("bad", "failed"), ("waits", "open")
+    ]
     assert after[3] == before[3]  # the entry of a graph not served is untouched
     # The port is closed with the worker: nothing answers any more (exit 1, one line).
     gone = _stats(url)
     assert gone.returncode == 1 and "cannot read the metrics at" in gone.stderr
+
+
+def test_serve_refuses_a_bad_graph_and_a_taken_port_with_nothing_changed(
+    tmp_path: Path, target: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from click.testing import CliRunner
+
+    from threadloom.cli.main import cli
+
+    url_of_store, open_store = target
+    with open_store() as store:
+        store.queue.enqueue("t", graph_id="small", input={})
+    before = _entries(open_store)
+    (tmp_path / "smallgraph.py").write_text(GRAPH_MODULE)
+    monkeypatch.chdir(tmp_path)
+    missing = CliRunner().invoke(cli, ["--store", url_of_store, "serve", "--graph", "nosuch:graph"])
+    assert missing.exit_code == 2 and "--graph nosuch:graph" in missing.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = CliRunner().invoke(
+            cli, ["--store", url_of_store, "serve", "--graph", "smallgraph:graph", "--metrics-port", str(port)]
+        )
+    assert busy.exit_code == 2 and f"metrics port {port}" in busy.output
+    assert _entries(open_store) == before
 
 
 def test_stats_runtime_refuses_a_bad_target_and_store_options(tmp_path: Path) -> None:
