@@ -20,8 +20,8 @@ _EXPORTS: dict[str, str] = {
         (
             "BusyHolder", "Checkpoint", "CheckpointOrigin", "CheckpointStatus", "ClaimRequest", "Commit",
             "EffectRecord", "EventDraft", "EventRecord", "PendingWrite", "RetentionPolicy", "RunClaim",
-            "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy", "ThreadCursor", "ThreadPage",
-            "ThreadQuery", "ThreadStatus", "ThreadSummary",
+            "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy", "TenantCount", "TenantPage", "ThreadCursor",
+            "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
         ),
         "threadloom.domain.values",
     ),
@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "EntryStatus": "threadloom.domain.queue",
     "Lease": "threadloom.domain.queue",
     "PurgePage": "threadloom.domain.queue",
+    "QueueDepth": "threadloom.domain.queue",
     "QueueEntry": "threadloom.domain.queue",
     # stores (persistence)
     "Checkpointer": "threadloom.persistence.base",
@@ -54,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "Meter": "threadloom.persistence.metrics",
     "InMemoryMeter": "threadloom.persistence.metrics",
     "MeteredCheckpointer": "threadloom.persistence.metrics",
+    "PrometheusMeter": "threadloom.persistence.metrics.prometheus",
+    "OpenTelemetryMeter": "threadloom.persistence.metrics.otel",
     # the runtime (actors)
     "EffectKeys": "threadloom.actors.graph",
     "Graph": "threadloom.actors.graph",
@@ -121,7 +124,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         ThreadloomError,
         ValidationError,
     )
-    from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
+    from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
     from threadloom.domain.values import (
         BusyHolder,
         Checkpoint,
@@ -139,6 +142,8 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         SweepGuard,
         SweepPage,
         SweepPolicy,
+        TenantCount,
+        TenantPage,
         ThreadCursor,
         ThreadPage,
         ThreadQuery,
@@ -151,6 +156,8 @@ if TYPE_CHECKING:  # the names as a type checker sees them
     from threadloom.persistence.forwarding import ForwardingCheckpointer
     from threadloom.persistence.memory import InMemoryCheckpointer
     from threadloom.persistence.metrics import InMemoryMeter, Meter, MeteredCheckpointer
+    from threadloom.persistence.metrics.otel import OpenTelemetryMeter
+    from threadloom.persistence.metrics.prometheus import PrometheusMeter
     from threadloom.persistence.postgres import PostgresCheckpointer, PostgresCheckpointerConfig
     from threadloom.persistence.queue import RunQueue
     from threadloom.persistence.sqlite import SqliteCheckpointer

@@ -116,7 +116,7 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     ),
     "serve": LazyCommand(
         "threadloom.cli.serve:serve",
-        "Work the store's run queue with your graphs until SIGTERM; --metrics-port serves Prometheus metrics.",
+        "Work the store's run queue with the given graphs until SIGTERM or Ctrl-C.",
     ),
     "demo": LazyCommand(
         "threadloom.cli.demo.coordinator:demo",

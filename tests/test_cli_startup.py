@@ -266,7 +266,7 @@ def test_completing_a_command_name_imports_nothing_heavy(tmp_path):
     assert _heavy(_imported(done.stderr)) == []
     items = done.stdout.splitlines()  # zsh: type, value, help, per item
     offered = {items[index + 1]: items[index + 2] for index in range(0, len(items), 3)}
-    assert sorted(offered) == ["show", "simulate", "stats", "sweep"]
+    assert sorted(offered) == ["serve", "show", "simulate", "stats", "sweep"]
     assert offered["sweep"].startswith("Apply a retention policy")
     # Completing a command's own options loads that command.
     env["COMP_WORDS"], env["COMP_CWORD"] = "threadloom sweep --max-c", "2"

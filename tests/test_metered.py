@@ -84,9 +84,13 @@ def test_is_a_checkpointer_exported_from_the_root_and_owns_a_default_meter():
     assert isinstance(wrapped, Checkpointer)
     assert wrapped.inner is inner
     assert isinstance(wrapped.meter, InMemoryMeter) and isinstance(wrapped.meter, Meter)
-    for name in ("MeteredCheckpointer", "InMemoryMeter", "Meter"):
+    for name in ("MeteredCheckpointer", "InMemoryMeter", "Meter", "PrometheusMeter", "OpenTelemetryMeter"):
         assert name in threadloom.__all__
         assert getattr(threadloom, name) is not None
+    from threadloom.persistence.metrics.otel import OpenTelemetryMeter
+    from threadloom.persistence.metrics.prometheus import PrometheusMeter
+
+    assert threadloom.PrometheusMeter is PrometheusMeter and threadloom.OpenTelemetryMeter is OpenTelemetryMeter
     assert "InMemoryCheckpointer" in repr(wrapped)
     wrapped.close()
 
