@@ -58,6 +58,7 @@ from threadloom.domain.values import (
     PendingWrite,
     RetentionPolicy,
     SweepPolicy,
+    TenantPage,
     ThreadCursor,
     ThreadQuery,
     ThreadStatus,
@@ -78,7 +79,9 @@ TENANTS = (None, "a", "b")
 KEYS = ("k0", "k1", "k2")
 GRAPHS = ("g0", "g1")
 TICK = timedelta(seconds=1)
-READS = ("checkpoint", "history", "children", "events", "effect", "lookup_run", "threads", "incomplete")
+READS = (
+    "checkpoint", "history", "children", "events", "effect", "lookup_run", "threads", "incomplete", "tenants",
+)
 FULL_EVERY = 4
 """Every how many steps the machine compares everything (effects, registries, children), not only the logs."""
 BOGUS = 999_999_999
@@ -628,6 +631,11 @@ def make_state_machine(
             after = self.cursor(data)
             self.both("incomplete", lambda s, _tok: s.incomplete(tenant, limit=limit, after=after))
 
+        def read_tenants(self, data: st.DataObject) -> None:
+            limit = 1 + pick(data, range(3), "limit")
+            after = pick(data, (None, "a", "b", "c"), "after")
+            self.both("tenants", lambda s, _tok: s.tenants(limit=limit, after=after))
+
         @invariant()
         def every_thread_reads_the_same(self) -> None:
             self.steps += 1
@@ -646,6 +654,7 @@ def make_state_machine(
                 query = ThreadQuery(tenant_id=tenant, limit=ThreadQuery.MAX_LIMIT)
                 self.both(f"threads({tenant})", lambda s, _tok: s.threads(query))
                 self.both(f"incomplete({tenant})", lambda s, _tok: s.incomplete(tenant, limit=ThreadQuery.MAX_LIMIT))
+            self.both("tenants()", lambda s, _tok: s.tenants(limit=TenantPage.MAX_LIMIT))
             for parent in PARENTS:
                 for after in (None, *self.spawned[parent]):
                     self.both(
