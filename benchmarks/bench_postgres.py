@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from bench_sqlite import PAYLOAD, RAW_ROW, STATE, committer
+from bench_sqlite import RAW_ROW, LangGraphStep, committer
 from benchlib import Row, Section, SectionUnavailable, Settings, paired_median_us, quiet_logs, throughput
 
 PG_ENV = "THREADLOOM_BENCH_PG"
@@ -149,34 +149,6 @@ def _langgraph_connection(url: str, schema: str):
 
     # What PostgresSaver.from_conn_string opens, in the benchmark's schema.
     return _connect(url, schema, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-
-
-class LangGraphStep:
-    """One LangGraph step per call on one thread: ``put`` of the next checkpoint, then ``put_writes`` of one write.
-
-    The checkpoint's channels are the state's keys (``messages``, ``step``, ``scratch``), all new at every step,
-    so each ``put`` writes the non-primitive ones as blobs, as LangGraph does for channels that changed.
-    """
-
-    def __init__(self, saver, thread_id: str) -> None:
-        self.saver = saver
-        self.config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
-        self.versions: dict[str, str] = {}
-        self.step = 0
-
-    def __call__(self) -> None:
-        from langgraph.checkpoint.base import empty_checkpoint
-
-        self.step += 1
-        new_versions = {channel: self.saver.get_next_version(self.versions.get(channel), None) for channel in STATE}
-        self.versions.update(new_versions)
-        checkpoint = empty_checkpoint()
-        checkpoint["channel_values"] = {**STATE, "step": self.step}
-        checkpoint["channel_versions"] = dict(self.versions)
-        checkpoint["versions_seen"] = {"answer": dict(self.versions)}
-        metadata = {"source": "loop", "step": self.step, "parents": {}}
-        self.config = self.saver.put(self.config, checkpoint, metadata, new_versions)
-        self.saver.put_writes(self.config, [("answer", PAYLOAD)], f"task-{self.step}")
 
 
 def langgraph_savers(url: str, schema: str, writers: int, shared: bool):

@@ -22,16 +22,28 @@ def test_sqlite_section_reports_ratios_against_same_run_baselines(tmp_path):
     report = json.loads(done.stdout)
     assert report["skipped"] == []
     measures = [row["measure"] for row in report["rows"]]
+    commits = [f"fenced commits/s, {who}, synchronous={mode}" for mode in ("NORMAL", "FULL")
+               for who in ("1 writer", "8 writers")]
+    reads = [f"{name} median, 2,000-checkpoint thread" for name in ("latest", "history(limit=100)")]
     assert measures == [
-        "fenced commits/s, 1 writer",
-        "fenced commits/s, 8 writers",
-        "latest median, 2,000-checkpoint thread",
-        "history(limit=100) median, 2,000-checkpoint thread",
+        *(measure for measure in commits for _ in range(2)),  # against LangGraph, then against raw sqlite3
+        "WAL pages per commit",
+        *(measure for measure in reads for _ in range(2)),  # against a short thread, then against LangGraph
     ]
+    langgraph = [row for row in report["rows"] if "LangGraph" in row["baseline_label"]]
+    assert len(langgraph) == 6
     for row in report["rows"]:
+        if "not installed" in row["baseline_label"]:  # LangGraph's saver is never a dependency
+            assert row["baseline"] is None and row["ratio"] is None and row["met"] is None
+            continue
         assert row["value"] > 0 and row["baseline"] > 0
         assert row["ratio"] == row["value"] / row["baseline"]
         assert row["met"] in (True, False)
+    goals = {row["measure"]: row["goal"] for row in langgraph if "commits" in row["measure"]}
+    assert {goal for measure, goal in goals.items() if "NORMAL" in measure} == {"≥ 1.5×"}
+    assert {goal for measure, goal in goals.items() if "FULL" in measure} == {"≥ 1.8×"}
+    wal = next(row for row in report["rows"] if row["measure"] == "WAL pages per commit")
+    assert wal["unit"] == "pages" and wal["goal"] == "≤ 2×" and "raw" in wal["baseline_label"]
     assert "journal_mode=WAL" in report["rows"][0]["note"]
     assert list(tmp_path.iterdir()) == []  # the benchmark removes its files
 
