@@ -30,6 +30,8 @@ connection B receiving the notification and selecting the row.
 Every commit rewrites the thread's row and replaces its pending writes, so that burst of commits leaves as many
 dead row versions behind until autovacuum comes by: ``latest`` is first measured right after the burst (reported),
 then both reads after ``VACUUM (ANALYZE)`` of the schema, the state autovacuum keeps a database in (goal: flat).
+``history(limit=100)`` is also put against the raw ``SELECT body … ORDER BY pos DESC LIMIT 100`` of the same rows
+on a plain psycopg connection (the text fetched, nothing decoded), at 100 and at 10,000 checkpoints (goal ≤ 2×).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ RAW_GOAL = 0.6
 WAKE_P99_GOAL_US = 10_000.0
 """Cross-store wake latency p99 at most this (µs)."""
 FLAT_GOAL = 1.5
+RAW_READ_GOAL = 2.0
+"""``history(limit=100)`` at most this multiple of the raw ``SELECT … LIMIT 100`` of the same rows."""
+RAW_HISTORY = "SELECT body FROM checkpoints WHERE thread_id = %s ORDER BY pos DESC LIMIT 100"
 WRITERS = (1, 8)
 ROUNDS = 2
 LANGGRAPH_MISSING = "not installed (pip install langgraph-checkpoint-postgres)"
@@ -511,6 +516,19 @@ def _latency_rows(run: _Run, settings: Settings) -> list[Row]:
                 baseline_label=f"{name} median, {small}-checkpoint thread", unit="µs", goal=f"flat (≤ {FLAT_GOAL}×)",
                 met=slow / fast <= FLAT_GOAL if fast else None,
             ))
+        with _connect(run.url, run.ours, autocommit=True) as raw:
+            for thread_id, size in ((short, small), (long_, big)):
+                ours, baseline = paired_median_us(
+                    lambda t=thread_id: store.history(t, limit=100),
+                    lambda t=thread_id: raw.execute(RAW_HISTORY, (t,)).fetchall(),
+                    samples, budget_s=2 * settings.seconds,
+                )
+                rows.append(Row(
+                    section="postgres", measure=f"history(limit=100) median, {size:,}-checkpoint thread",
+                    value=ours, baseline=baseline, unit="µs", goal=f"≤ {RAW_READ_GOAL:g}×",
+                    baseline_label=f"raw SELECT body … LIMIT 100 (psycopg, no decoding), {size:,}-checkpoint thread",
+                    met=ours <= RAW_READ_GOAL * baseline if baseline else None,
+                ))
     finally:
         store.close()
     return rows
