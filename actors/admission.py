@@ -4,7 +4,6 @@ makes under its claim, from the thread's latest checkpoint and what the run was 
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import attrs
@@ -12,6 +11,7 @@ import attrs
 from threadloom.actors import graph as g
 from threadloom.actors.graph import Graph
 from threadloom.actors.runs import RunKind, RunSpec
+from threadloom.domain import validation as v
 from threadloom.domain.errors import InvalidRunState, TenantMismatch, ValidationError
 from threadloom.domain.values import Checkpoint, CheckpointOrigin, CheckpointStatus, StoredCheckpoint
 
@@ -20,7 +20,7 @@ def _merged(graph: Graph, state: Any, update: Any) -> Any:
     """``graph.merge(state, update)`` on copies; an exception of the user's merge refuses the input
     (ValidationError on ``input``, nothing written) instead of escaping as a bare error of the runtime."""
     try:
-        return graph.merge(copy.deepcopy(state), copy.deepcopy(update))
+        return graph.merge(v.copy_json(state), v.copy_json(update))
     except Exception as error:
         raise ValidationError(
             "input", (f"graph {graph.graph_id!r}'s merge refused it: {type(error).__name__}: {error}",)

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import uuid
@@ -379,7 +378,7 @@ class NodeContext:
                 run_id=self.run_id,
                 type=_node_event_type("type", type),
                 timestamp=self._now(),
-                payload=copy.deepcopy(payload),
+                payload=payload,  # the constructor keeps a copy of its own (and validates it)
                 checkpoint_id=self.checkpoint_id,
                 task_id=self.task_id,
                 node_id=self.node,
@@ -451,7 +450,7 @@ class NodeContext:
         keys = effect_keys(self.thread_id, key, turn_id=self.turn_id if scope == "turn" else None)
         call = _effect_call(fn)
         if keys.record in self._effects:
-            return copy.deepcopy(self._effects[keys.record].result)
+            return v.copy_json(self._effects[keys.record].result)
         recorded = self._read_effect(keys.record)
         if recorded is not None:
             return recorded.result
@@ -480,7 +479,7 @@ class NodeContext:
             key=keys.record,
             run_id=self.run_id,
             recorded_at=self._now(),
-            result=copy.deepcopy(result),
+            result=result,  # the constructor keeps a copy of its own
             checkpoint_id=self.checkpoint_id,
             task_id=self.task_id,
         )

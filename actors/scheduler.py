@@ -102,21 +102,39 @@ class _Timer:
         self.cancelled = True
 
 
-class _ThreadTask:
-    def __init__(self, thread: threading.Thread) -> None:
-        self.thread = thread
+IDLE_WORKERS = 64
+"""Most idle task threads a :class:`ThreadScheduler` keeps for the next tasks (node executions reuse them)."""
+
+IDLE_SECONDS = 30.0
+"""How long an idle task thread waits for a task before it ends (real seconds)."""
+
+
+class _PoolTask:
+    """A task run on one of the scheduler's task threads; joined by waiting for its end, not its thread's."""
+
+    __slots__ = ("done", "fn", "name", "thread")
+
+    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+        self.name = name
+        self.fn = fn
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None  # the thread running it, once it started
 
     def join(self, timeout: float | None = None) -> None:
         if self.thread is not threading.current_thread():
-            self.thread.join(timeout)
+            self.done.wait(timeout)
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return not self.done.is_set()
 
 
 class ThreadScheduler(Scheduler):
-    """The default scheduler: one timer thread (started on first use) and one thread per task.
+    """The default scheduler: one timer thread (started on first use) and a pool of task threads.
+
+    A task runs on an idle task thread when there is one, else on a new one: no task ever waits for another to end
+    (a node may block on a child run whose node needs a thread), and a busy runtime starts no thread per node
+    execution. At most :data:`IDLE_WORKERS` idle threads are kept, each for at most :data:`IDLE_SECONDS`.
 
     With a :class:`SystemClock` the timer thread sleeps until the next timer is due; with any other clock (a
     ``ManualClock`` in tests) it re-reads the clock every ``tick``, so moving the clock fires what became due.
@@ -134,7 +152,11 @@ class ThreadScheduler(Scheduler):
         self._heap: list[tuple[datetime, int, _Timer, Callable[[], None]]] = []
         self._order = itertools.count()
         self._timer_thread: threading.Thread | None = None
-        self._tasks: list[threading.Thread] = []
+        self._pool = threading.Condition()
+        self._queued: list[_PoolTask] = []  # handed to idle task threads, not yet taken
+        self._idle = 0  # idle task threads not yet handed a task
+        self._running: set[_PoolTask] = set()
+        self._workers: set[threading.Thread] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -181,13 +203,54 @@ class ThreadScheduler(Scheduler):
                     _log.error("scheduler.timer_failed", error=f"{type(error).__name__}: {error}")
 
     def spawn(self, name: str, fn: Callable[[], None]) -> Task:
-        """Starts ``fn`` on a new daemon thread named ``threadloom-<name>``. Runs on the caller's thread."""
-        thread = threading.Thread(target=fn, name=f"{THREAD_PREFIX}{name}", daemon=True)
-        with self._cond:
-            self._tasks = [task for task in self._tasks if task.is_alive()]
-            self._tasks.append(thread)
+        """Runs ``fn`` on an idle task thread, or on a new daemon thread if none is idle; the thread is named
+        ``threadloom-<name>`` while it runs ``fn``. Runs on the caller's thread."""
+        task = _PoolTask(f"{THREAD_PREFIX}{name}", fn)
+        with self._pool:
+            self._running.add(task)
+            if self._idle > 0:
+                self._idle -= 1
+                self._queued.append(task)
+                self._pool.notify()
+                return task
+            thread = threading.Thread(target=self._work, args=(task,), name=task.name, daemon=True)
+            self._workers.add(thread)
         thread.start()
-        return _ThreadTask(thread)
+        return task
+
+    def _work(self, task: _PoolTask | None) -> None:
+        """A task thread's loop: runs its task, then the tasks handed to it while idle, until none comes."""
+        me = threading.current_thread()
+        try:
+            while task is not None:
+                task.thread = me
+                me.name = task.name
+                try:
+                    task.fn()
+                finally:
+                    with self._pool:
+                        self._running.discard(task)
+                    task.done.set()
+                task = self._next_task()
+        finally:
+            with self._pool:
+                self._workers.discard(me)
+
+    def _next_task(self) -> _PoolTask | None:
+        """The next task handed to this idle thread, or None once it should end (closed, enough idle threads, or
+        none came within :data:`IDLE_SECONDS`)."""
+        with self._pool:
+            if self._closed or self._idle >= IDLE_WORKERS:
+                return None
+            self._idle += 1
+            threading.current_thread().name = f"{THREAD_PREFIX}idle"
+            while not self._queued:
+                if self._closed or not self._pool.wait(IDLE_SECONDS):
+                    if self._queued:  # handed one as the wait ended
+                        break
+                    self._idle -= 1
+                    return None
+            return self._queued.pop(0)
 
     def wait(self, event: threading.Event, until: datetime) -> bool:
         """Waits on the caller's thread until ``event`` is set or the clock reads ``until``."""
@@ -204,16 +267,24 @@ class ThreadScheduler(Scheduler):
             self._closed = True
             self._heap.clear()
             self._cond.notify_all()
-            timer_thread, tasks = self._timer_thread, list(self._tasks)
+            timer_thread = self._timer_thread
+        with self._pool:
+            self._closed = True
+            self._pool.notify_all()  # idle task threads end
+            tasks, workers = list(self._running), list(self._workers)
         seconds = timeout.total_seconds()
         if timer_thread is not None and timer_thread is not threading.current_thread():
             timer_thread.join(seconds)
+        me = threading.current_thread()
         left = []
-        for thread in tasks:
-            if thread is not threading.current_thread():
+        for task in tasks:
+            if task.thread is not me:
+                task.join(seconds)
+                if task.alive:
+                    left.append(task.name)
+        for thread in workers:  # idle ones end at once; one whose task is still running is reported above
+            if thread is not me and thread.name not in left:
                 thread.join(seconds)
-                if thread.is_alive():
-                    left.append(thread.name)
         return left
 
 

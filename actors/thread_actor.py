@@ -14,7 +14,6 @@ its own.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -42,6 +41,7 @@ from threadloom.actors.logs import log as _log
 from threadloom.actors.retention import retain_children
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
 from threadloom.actors.scheduler import Cancellable
+from threadloom.domain import validation as v
 from threadloom.domain.errors import (
     CancelledError,
     OutcomeUnknown,
@@ -469,7 +469,7 @@ class ThreadRun:
             max_json_size=getattr(self.env.store, "max_json_size", None),
         )
         fn = graph.nodes[node]
-        state = copy.deepcopy(self.state)
+        state = v.copy_json(self.state)
         send = self._send
 
         def execute() -> None:
@@ -714,7 +714,7 @@ class ThreadRun:
             thread_id=self.spec.thread_id,
             run_id=self.spec.run_id,
             status=status,
-            state=copy.deepcopy(self.state),
+            state=v.copy_json(self.state),
             checkpoint_id=self.base.id,
             steps=self.steps_run,
             next=self.next_node if status is CheckpointStatus.SUSPENDED else None,
