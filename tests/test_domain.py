@@ -627,3 +627,32 @@ def test_every_exported_error_says_whether_it_is_retryable() -> None:
     assert all(kind.retryable is False for name, kind in exported.items() if name not in retryable)
     busy = threadloom.ThreadBusy("t1", None, threadloom.BusyHolder.UNNAMED)
     assert busy.retryable is False and threadloom.StaleClaim("t1", 3, 4).retryable is False
+
+
+def _containers(value) -> list:
+    """Every dict and list inside ``value`` (itself included)."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if not isinstance(item, tuple):
+                found.append(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return found
+
+
+@given(tls.json_values())
+def test_copy_json_is_an_equal_copy_sharing_no_container(value) -> None:
+    copied = v.copy_json(value)
+    assert copied == value
+    originals = {id(item) for item in _containers(value)}
+    assert not any(id(item) in originals for item in _containers(copied))
+
+
+def test_copy_json_copies_tuples_and_subclasses_too() -> None:
+    inner = {"a": [1]}
+    value = {"t": (inner, 2), "l": [inner]}
+    copied = v.copy_json(value)
+    assert copied == value and copied["t"][0] is not inner and copied["l"][0] is not inner
+    copied["l"][0]["a"].append(2)
+    assert inner == {"a": [1]}

@@ -457,3 +457,33 @@ def test_timers_tasks_and_waits_go_through_the_given_scheduler(store):
         runtime.subscribe("t1").cancel()
     assert scheduler.tasks.count("node-t1") == 3 and "watch-t1" in scheduler.tasks
     assert scheduler.timers == 1  # the run's renewal timer, set when it claimed (a quick run never renews)
+
+
+def test_the_scheduler_runs_tasks_on_reused_threads_and_never_makes_one_wait_for_another():
+    scheduler = ThreadScheduler()
+    ran: list[tuple[threading.Thread, str]] = []
+
+    def record() -> None:
+        ran.append((threading.current_thread(), threading.current_thread().name))
+
+    scheduler.spawn("first", record).join(10)
+    scheduler.spawn("second", record).join(10)
+    assert ran[0][0] is ran[1][0]  # the idle thread took the next task: no thread started for it
+    assert [name for _thread, name in ran] == ["threadloom-first", "threadloom-second"]
+    # A task blocked on another task's work never holds that work up: a busy pool starts another thread.
+    ready, answered = threading.Event(), threading.Event()
+    waiter = scheduler.spawn("waiter", lambda: answered.set() if ready.wait(10) else None)
+    scheduler.spawn("answer", ready.set).join(10)
+    waiter.join(10)
+    assert answered.is_set() and not waiter.alive
+    # close() ends idle threads and names a task still running after the timeout.
+    release = threading.Event()
+    stuck = scheduler.spawn("stuck", lambda: release.wait(10))
+    assert scheduler.close(timedelta(milliseconds=50)) == ["threadloom-stuck"]
+    assert stuck.alive
+    release.set()
+    stuck.join(10)
+    assert not stuck.alive
+    for thread in {ran[0][0], stuck.thread, waiter.thread}:  # a closed scheduler keeps no idle thread
+        thread.join(10)
+        assert not thread.is_alive()
