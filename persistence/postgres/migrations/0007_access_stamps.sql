@@ -8,15 +8,20 @@
 -- earlier threadloom has its commits refused, nothing written, until it is upgraded).
 
 ALTER TABLE {s}.checkpoints
-    ADD COLUMN access_schema text, ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb;
+    ADD COLUMN IF NOT EXISTS access_schema text, ADD COLUMN IF NOT EXISTS access_tenant text,
+    ADD COLUMN IF NOT EXISTS access_attrs jsonb;
 ALTER TABLE {s}.pending_writes
-    ADD COLUMN access_schema text, ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb;
+    ADD COLUMN IF NOT EXISTS access_schema text, ADD COLUMN IF NOT EXISTS access_tenant text,
+    ADD COLUMN IF NOT EXISTS access_attrs jsonb;
 ALTER TABLE {s}.events
-    ADD COLUMN access_schema text, ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb;
+    ADD COLUMN IF NOT EXISTS access_schema text, ADD COLUMN IF NOT EXISTS access_tenant text,
+    ADD COLUMN IF NOT EXISTS access_attrs jsonb;
 ALTER TABLE {s}.effects
-    ADD COLUMN access_schema text, ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb;
+    ADD COLUMN IF NOT EXISTS access_schema text, ADD COLUMN IF NOT EXISTS access_tenant text,
+    ADD COLUMN IF NOT EXISTS access_attrs jsonb;
 ALTER TABLE {s}.threads
-    ADD COLUMN access_schema text, ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb;
+    ADD COLUMN IF NOT EXISTS access_schema text, ADD COLUMN IF NOT EXISTS access_tenant text,
+    ADD COLUMN IF NOT EXISTS access_attrs jsonb;
 
 CREATE INDEX checkpoints_access_tenant ON {s}.checkpoints (access_tenant, thread_id);
 CREATE INDEX pending_writes_access_tenant ON {s}.pending_writes (access_tenant, thread_id);
