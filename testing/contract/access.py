@@ -56,7 +56,8 @@ def chat_step(
     writer: Writer, cp_id: str, *, region: str = "eu", plan: str = "gold", events: int = 1, pending: int = 1,
     effects: int = 1, tenant: str | None = "writer",
 ) -> None:
-    """Commits checkpoint ``cp_id`` of graph kind ``chat`` with ``events``, ``pending`` writes and ``effects``."""
+    """Commits checkpoint ``cp_id`` of graph kind ``chat`` with ``events``, ``pending`` writes and ``effects``;
+    ``region`` goes in its metadata, ``plan`` in its state, ``tenant`` is its tenant (``"writer"``: the writer's)."""
     now = writer.harness.clock.now()
     writer.store.commit(
         writer.thread_id,
