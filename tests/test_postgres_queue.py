@@ -418,6 +418,12 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
     with monkeypatch.context() as patch:  # this code as it was before the queue: schema version 1
         patch.setattr(postgres_schema, "migrations", lambda: steps[:1])
         old = harness.open()
+        with raw(harness) as conn:  # this code's commit function writes the access stamps (version 7); the
+            for table in ("threads", "checkpoints", "pending_writes", "events", "effects"):  # version-1 one did not
+                conn.execute(
+                    f'ALTER TABLE "{harness.schema}".{table} ADD COLUMN access_schema text,'
+                    " ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb"
+                )
         r1 = _commit_run(old, "t1", "r1", None, 2)
         later = _commit_run(old, "t1", "r2", r1[-1], 2)
         with pytest.raises(StoreCorrupt) as caught:  # the previous code's schema has no queue functions
