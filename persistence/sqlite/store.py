@@ -456,6 +456,7 @@ class SqliteCheckpointer(StoreBase):
             stamp = access.log_stamp(conn, self._access, thread_id, latest_graph_id, latest_position, thread_stamp)
         writes = commit.pending_writes
         first_pending = n_pending
+        same_place = False  # the checkpoint keeps the thread's tenant, graph and origin
         if cp is not None:
             if keep < top:
                 n_checkpoints -= conn.execute(sql.CUT_HISTORY, (thread_id, keep)).rowcount
@@ -467,6 +468,9 @@ class SqliteCheckpointer(StoreBase):
             first_pending, n_pending = 0, 0
             updated_at = now_us
             latest_id, latest_position, latest_status, latest_run_id = cp.id, keep + 1, cp.status, cp.run_id
+            same_place = (
+                latest_tenant == cp.tenant_id and latest_graph_id == cp.graph_id and origin_parent == cp.origin_parent
+            )
             latest_tenant, latest_graph_id = cp.tenant_id, cp.graph_id
             if cp.origin_parent != origin_parent:
                 if origin_parent is not None:
@@ -500,6 +504,15 @@ class SqliteCheckpointer(StoreBase):
         if cp is None and not commit.metadata:
             if records or writes:  # the registry's columns stay: a narrower update leaves their index entries alone
                 conn.execute(sql.COMMIT_WRITE_LOG, (next_seq, n_pending, thread_id))
+            return records
+        if cp is not None and same_place:
+            conn.execute(
+                sql.COMMIT_WRITE_STEP,
+                (
+                    next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id,
+                    latest_position, latest_status, latest_run_id, *stamp, thread_id,
+                ),
+            )
             return records
         conn.execute(
             sql.COMMIT_WRITE,
