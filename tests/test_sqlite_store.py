@@ -867,3 +867,29 @@ def test_a_commit_changed_after_construction_is_refused_alone_while_others_commi
         assert [e.seq for e in store.events_after(f"t{i}", 0, 100)] == list(range(1, 31))
     assert store.latest("t0") is None
     store.close()
+
+
+def test_the_tenant_indexes_hold_stamped_rows_only_and_a_graph_change_still_moves_the_thread(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    """Migration 6: unstamped rows (no access schema) add no tenant index entry, and a step's commit leaves the
+    thread's graph and tenant entries alone, while a commit that changes the graph still moves them."""
+    definitions = dict(raw(path).execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'").fetchall())
+    for table in ("checkpoints", "pending", "events", "effects"):
+        assert definitions[f"{table}_access_tenant"].endswith("WHERE access_tenant IS NOT NULL"), table
+    assert definitions["threads_tenant"].endswith("WHERE latest_graph_id IS NOT NULL")
+    token = store.claim("t", ClaimRequest(holder="run-1", ttl=LONG)).token
+    parent = None
+    for number, graph_id in enumerate(("g1", "g2", "g2"), start=1):
+        cp = Checkpoint(
+            id=f"c{number}", parent=parent, thread_id="t", run_id="run-1", status=CheckpointStatus.RUNNING,
+            created_at=clock.now(), state={"n": number}, graph_id=graph_id,
+        )
+        store.commit("t", Commit(token=token, checkpoint=cp, events=[EventDraft(run_id="run-1", type="e",
+                                                                                 timestamp=clock.now())]))
+        parent = cp.id
+        assert store.graph_threads(graph_id, limit=10) == ["t"]
+        assert store.graph_threads("g1" if graph_id == "g2" else "g2", limit=10) == []
+        assert [entry.thread_id for entry in store.export_tenant(None, limit=10).threads] == ["t"]
+    stamped = raw(path).execute("SELECT count(*) FROM events WHERE access_tenant IS NOT NULL").fetchone()
+    assert stamped == (0,)
