@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 
 from threadloom.domain.errors import StoreUnavailable
+from threadloom.domain.values import ClaimRequest
 from threadloom.persistence.memory import InMemoryCheckpointer
 from threadloom.persistence.metrics import MeteredCheckpointer
 from threadloom.persistence.pressure import Bulkhead, BulkheadFull, WritePressure, pool_probe
 from threadloom.persistence.sqlite import SqliteCheckpointer
-from threadloom.domain.values import ClaimRequest
 
 
 def claim_request(holder: str) -> ClaimRequest:
