@@ -762,7 +762,10 @@ class ThreadRun:
             return
         if deleted:
             self._log.info(
-                "retention.applied", op="delete_thread", token=self.token, deleted=len(deleted),
+                "retention.applied",
+                op="delete_thread",
+                token=self.token,
+                deleted=len(deleted),
                 duration_ms=self._ms(started),
             )
 
