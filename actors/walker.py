@@ -91,6 +91,12 @@ WALK_METRICS: tuple[MetricSpec, ...] = (
 )
 """The metrics the walkers record through the runtime's meter (docs/operations.md "Access walks")."""
 
+SHARE_KEY = "threadloom.walk.share"
+"""A walk record checkpoint's metadata key: the share of the pace that recorded it (``threadloom walks``)."""
+RATE_KEY = "threadloom.walk.rate"
+"""A walk record checkpoint's metadata key: the threads a second that pace allowed."""
+NODE_KEY = "threadloom.walk.node"
+"""A walk record checkpoint's metadata key: the node that recorded it."""
 DEFAULT_GROUP = "threadloom"
 """The default walk group: the runtimes sharing one store walk as one group."""
 REFUSED_PAUSE = timedelta(milliseconds=50)
@@ -421,6 +427,11 @@ class Walker(pykka.ThreadingActor):
             created_at=self._env.clock.now(),
             state=record.to_state(),
             graph_id=WALK_GRAPH_ID,
+            metadata={
+                SHARE_KEY: f"{self._pace.share:.6g}",
+                RATE_KEY: f"{self._pace.rate():.6g}",
+                NODE_KEY: self._env.node_id,
+            },
         )
         self._store.commit(self._walk_thread, Commit(token=self._token, checkpoint=checkpoint))
         self._latest_id = checkpoint.id

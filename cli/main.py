@@ -111,6 +111,10 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
         "threadloom.cli.stats:stats",
         "Probe the store with read-only calls and print their metrics: calls, errors, latency per method.",
     ),
+    "walks": LazyCommand(
+        "threadloom.cli.walks:walks",
+        "List the access walks per graph kind: schema hash, heads, cursor, count, completed, holder, live share.",
+    ),
     "demo": LazyCommand(
         "threadloom.cli.demo.coordinator:demo",
         "Run the sample agent graph in worker processes, SIGKILL one mid-run, and verify what the store kept.",
