@@ -1,7 +1,7 @@
 """``threadloom walks``: the access walks of a store, per graph kind (README "Access walks").
 
 For each graph kind it prints the walk record kept in the store - schema hash, heads, cursor, count, completed -
-the walk lease's live holder, and the live share: the share the holder's pace allowed when it recorded its last
+the walk lease's live holder (its expiry judged by this machine's clock), and the live share: the share the holder's pace allowed when it recorded its last
 page (known only while a live holder walks; ``-`` otherwise). The graph kinds listed are those the live members
 of the walk group serve, plus each ``--graph`` given: a kind whose every node stopped is listed only by
 ``--graph``. With ``--follow`` a progress bar per kind shows the count against the kind's threads, until every
@@ -11,6 +11,7 @@ listed walk is completed or Ctrl-C. The store is only read (a SQLite file is ope
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -36,6 +37,7 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
     """
     from threadloom.domain.access import WalkRecord, member_group, walk_thread_id
 
+    now = datetime.now(UTC)  # a lease is live until its expiry, judged here by this machine's clock
     members = store.members(member_group(group))
     serving: dict[str, list[str]] = {}
     for member in members:
@@ -49,8 +51,9 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
         latest = store.latest(thread)
         record = WalkRecord.from_state(thread, latest.checkpoint.state) if latest is not None else None
         claim = store.current_claim(thread)
+        live = claim is not None and claim.expires_at > now
         share: float | None = None
-        if claim is not None and latest is not None:
+        if live and latest is not None:
             try:
                 share = float(latest.checkpoint.metadata.get(SHARE_KEY, ""))
             except ValueError:
@@ -64,7 +67,7 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
                 "cursor": record.cursor if record else None,
                 "count": record.count if record else 0,
                 "completed": record.completed if record else False,
-                "holder": claim.holder if claim is not None else None,
+                "holder": claim.holder if live and claim is not None else None,
                 "share": share,
                 "members": sorted(serving.get(graph_id, [])),
             }
