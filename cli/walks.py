@@ -1,8 +1,8 @@
 """``threadloom walks``: the access walks of a store, per graph kind (README "Access walks").
 
 For each graph kind it prints the walk record kept in the store - schema hash, heads, cursor, count, completed -
-the walk lease's live holder (its expiry judged by this machine's clock), and the live share: the share the holder's pace allowed when it recorded its last
-page (known only while a live holder walks; ``-`` otherwise). The graph kinds listed are those the live members
+the walk lease's live holder (its expiry judged by this machine's clock), and the live share: the share the
+holder's pace allowed when it recorded its last page (known only while a live holder walks; ``-`` otherwise). The graph kinds listed are those the live members
 of the walk group serve, plus each ``--graph`` given: a kind whose every node stopped is listed only by
 ``--graph``. With ``--follow`` a progress bar per kind shows the count against the kind's threads, until every
 listed walk is completed or Ctrl-C. The store is only read (a SQLite file is opened read-only).
@@ -18,7 +18,7 @@ import click
 from rich.table import Table
 
 from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
-from threadloom.cli.output import CliError, CliState, new_table, printable, state_of
+from threadloom.cli.output import CliError, CliState, json_text, new_table, printable, state_of
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ThreadloomError
 
@@ -26,7 +26,6 @@ COUNT_CAP = 100_000
 """``--follow`` counts a kind's threads after the cursor up to this many (the bar's total is then a floor)."""
 COUNT_PAGE = 1000
 """Thread ids per read while counting."""
-
 
 
 def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -160,9 +159,6 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
 
 
 def _json_line(document: Any) -> str:
-    from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
-from threadloom.cli.output import json_text
-
     return json_text(document, compact=True)
 
 
