@@ -2,10 +2,11 @@
 
 For each graph kind it prints the walk record kept in the store - schema hash, heads, cursor, count, completed -
 the walk lease's live holder (its expiry judged by this machine's clock), and the live share: the share the
-holder's pace allowed when it recorded its last page (known only while a live holder walks; ``-`` otherwise). The graph kinds listed are those the live members
-of the walk group serve, plus each ``--graph`` given: a kind whose every node stopped is listed only by
-``--graph``. With ``--follow`` a progress bar per kind shows the count against the kind's threads, until every
-listed walk is completed or Ctrl-C. The store is only read (a SQLite file is opened read-only).
+holder's pace allowed when it recorded its last page (known only while a live holder walks; ``-`` otherwise).
+The graph kinds listed are those the live members of the walk group serve, plus each ``--graph`` given: a kind
+whose every node stopped is listed only by ``--graph``. With ``--follow`` a progress bar per kind shows the
+count against the kind's threads, until every listed walk is completed or Ctrl-C. The store is only read (a
+SQLite file is opened read-only).
 """
 
 from __future__ import annotations
