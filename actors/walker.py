@@ -215,6 +215,7 @@ class Walker(pykka.ThreadingActor):
         # the lease and the walk
         self._token: int | None = None
         self._renewed_at = env.clock.now()
+        self._not_before = env.clock.now()  # the pace's wait after the last thread ends then
         self._record: WalkRecord | None = None
         self._latest_id: str | None = None
         self._page: collections.deque[str] = collections.deque()
@@ -462,6 +463,8 @@ class Walker(pykka.ThreadingActor):
         now = clock.now()
         self._tick_pace(now)
         self._renew_if_due(now)
+        if now < self._not_before:  # still waiting out the pace: woken to renew and to read the pressure
+            return self._wake_in((self._not_before - now).total_seconds())
         record = self._record
         if not self._page:
             page = self._store.graph_threads(self._graph_id, after=record.cursor, limit=self._pace.page_size())
@@ -480,7 +483,9 @@ class Walker(pykka.ThreadingActor):
         thread_id = self._page[0]
         if self._bulkhead is not None and not self._bulkhead.try_enter():
             self._report()
-            return max(REFUSED_PAUSE.total_seconds(), 1.0 / self._pace.walk_rate)  # the thread is read again
+            pause = max(REFUSED_PAUSE.total_seconds(), 1.0 / self._pace.walk_rate)
+            self._not_before = now + timedelta(seconds=pause)
+            return self._wake_in(pause)  # the thread is stamped again then
         started = clock.now()
         try:
             rows = self._store.stamp_thread(thread_id, fence=(self._walk_thread, self._token))
@@ -492,6 +497,7 @@ class Walker(pykka.ThreadingActor):
         self._page_stamped += 1
         self._page_last = thread_id
         wait = self._pace.stamped(took)
+        self._not_before = clock.now() + timedelta(seconds=wait)
         self._log.debug("access.stamped", thread_id=thread_id, rows=rows, duration_ms=round(took * 1000, 3))
         if self._meter is not None:
             self._m_threads.add(1)
@@ -513,7 +519,12 @@ class Walker(pykka.ThreadingActor):
             if self._meter is not None:
                 self._m_pages.add(1)
         self._report()
-        return wait
+        return self._wake_in(wait)
+
+    def _wake_in(self, seconds: float) -> float:
+        """``seconds``, at most a second and at most the lease's renewal period: a long wait of the pace is cut
+        into wake-ups that renew the lease and read the pressure."""
+        return min(seconds, 1.0, self._env.claim_policy.renew_every.total_seconds())
 
     def _report(self) -> None:
         record = self._record

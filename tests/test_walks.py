@@ -211,12 +211,15 @@ def walker(store: Any, clock: Any, node_id: str, told: list[Any], incarnation: i
     return Walker(env(store, clock, node_id), NEW.for_graph(GRAPH), FAST, "threadloom", told.append, None, incarnation)
 
 
-def run_steps(w: Walker, until: Callable[[], bool], limit: int = 200) -> None:
+def run_steps(w: Walker, clock: ManualClock, until: Callable[[], bool], limit: int = 500) -> None:
+    """Steps ``w`` until ``until()`` or it has no next step, moving the clock by each step's delay."""
     for _ in range(limit):
         if until():
             return
-        if w.step() is None:
+        delay = w.step()
+        if delay is None:
             return
+        clock.advance(timedelta(seconds=delay))
     raise AssertionError("the walker did not get there")
 
 
@@ -242,7 +245,7 @@ def test_a_deposed_walker_stamps_nothing() -> None:
     with pytest.raises(StaleClaim):  # the store refuses the old lease for every stamp
         store.stamp_thread(ids[2], fence=(WALK, old_token))
     assert store.stamp_thread(ids[1]) > 0  # the deposed walker stamped nothing: the thread was still stale
-    run_steps(b, lambda: False)
+    run_steps(b, clock, lambda: False)
     record = WalkRecord.from_state(WALK, store.latest(WALK).checkpoint.state)
     assert record.completed and record.count == 6
     store.close()
@@ -259,7 +262,8 @@ def test_a_walker_stopped_mid_walk_is_resumed_at_the_recorded_cursor(tmp_path: A
         latest = store.latest(WALK)
         return WalkRecord.from_state(WALK, latest.checkpoint.state) if latest is not None else None
 
-    run_steps(first, lambda: (r := recorded()) is not None and r.cursor == ids[4])
+    run_steps(first, clock, lambda: (r := recorded()) is not None and r.cursor == ids[4])
+    clock.advance(timedelta(seconds=1))
     first.step()  # one thread of the second page stamped, not recorded
     assert recorded().cursor == ids[4] and recorded().count == 5
     first.on_stop()  # stopped: releases its lease
@@ -269,7 +273,7 @@ def test_a_walker_stopped_mid_walk_is_resumed_at_the_recorded_cursor(tmp_path: A
         assert second.step() == 0.0
     resumed = [line for line in logs if line["event"] == "access.walk_resumed"]
     assert resumed and resumed[0]["cursor"] == ids[4] and resumed[0]["count"] == 5
-    run_steps(second, lambda: False)
+    run_steps(second, clock, lambda: False)
     final = recorded()
     assert final.completed and final.count == 12 and final.cursor == ids[-1]
     cursors = [m.record.cursor or "" for m in told if isinstance(m, WalkSeen)]
@@ -361,13 +365,14 @@ def test_postgres_takeover_of_a_paused_walker() -> None:
         a.step()
         stalled = a._page[0]  # noqa: SLF001
         time.sleep(LEASE.ttl.total_seconds() + 0.3)  # a pauses past its lease
+        clock.advance(LEASE.ttl + timedelta(seconds=0.3))
         b = walker(second, clock, "b", told, incarnation=2)
         assert b.step() == 0.0
         with capture_logs() as logs:
             a.step()
         assert [line["event"] for line in logs] == ["access.deposed"]
         assert second.stamp_thread(stalled) > 0  # a stamped nothing after it was deposed
-        run_steps(b, lambda: False)
+        run_steps(b, clock, lambda: False)
         record = WalkRecord.from_state(WALK, second.latest(WALK).checkpoint.state)
         assert record.completed and record.count == 8
         assert_all_current(second, ids)
