@@ -119,3 +119,35 @@ def test_sqlite_write_lock_wait_presses_the_waiting_store(tmp_path) -> None:
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.postgres
+def test_postgres_pool_wait_presses_the_store() -> None:
+    from threadloom.testing.postgres_harness import PgHarness
+
+    harness = PgHarness()
+    try:
+        store = harness.open_pg(min_size=1, max_size=1)
+        store.claim("t0", claim_request("r0"))
+        assert not store.pressed(timedelta(milliseconds=1))  # the probe's first read sets its baseline
+        assert not store.pressed(timedelta(milliseconds=1))
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            with store.pool.connection():
+                held.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(5)
+        reader = threading.Thread(target=lambda: store.latest("t0"))  # a read queues for the one connection
+        reader.start()
+        time.sleep(0.2)
+        assert store.pressed(timedelta(milliseconds=1))  # a request waits for a connection now
+        release.set()
+        holder.join(5)
+        reader.join(5)
+    finally:
+        harness.cleanup()
