@@ -347,7 +347,7 @@ def test_a_crashed_walker_is_restarted_through_its_lease() -> None:
 # -- PostgreSQL: a paused walker taken over --------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.postgres
 def test_postgres_takeover_of_a_paused_walker() -> None:
     from threadloom.persistence.postgres.store import PostgresCheckpointer
     from threadloom.testing.postgres_harness import PgHarness
