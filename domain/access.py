@@ -41,6 +41,9 @@ HASH_PREFIX = "a1"
 
 JSON = Any
 
+StampColumns = tuple[str, str | None, str]
+"""An access stamp as a store writes it: ``(access_schema, access_tenant, access_attrs)``, the last JSON text."""
+
 
 def _name(_inst: Any, _attr: Any, value: Any) -> None:
     if not isinstance(value, str) or ATTRIBUTE_NAME.match(value) is None:
@@ -375,6 +378,22 @@ class WalkRecord:
             "count": self.count,
             "completed": self.completed,
         }
+
+    def checkpoint(
+        self, walk_thread_id: str, *, id: str, parent: str | None, run_id: str, created_at: datetime
+    ) -> Checkpoint:
+        """The walk thread's checkpoint holding this record (graph kind :data:`WALK_GRAPH_ID`, no tenant): what a
+        walker commits, fenced by its lease, with the ordinary ``commit``.
+
+        Raises:
+            ValidationError: a bad id, run id or time, naming the field.
+        """
+        from threadloom.domain.values import CheckpointStatus
+
+        return Checkpoint(
+            id=id, parent=parent, thread_id=walk_thread_id, run_id=run_id, status=CheckpointStatus.RUNNING,
+            created_at=created_at, state=self.to_state(), graph_id=WALK_GRAPH_ID,
+        )
 
     @classmethod
     def from_state(cls, walk_thread_id: str, state: Any) -> WalkRecord:

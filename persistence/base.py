@@ -22,6 +22,7 @@ import attrs
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
+from threadloom.domain.access import AccessSchemas
 from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
@@ -39,6 +40,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
+from threadloom.persistence.access import ACCESS_OPERATIONS, AccessContract, AccessStore, check_access
 from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.persistence.logs import SlowCalls, slow_call_seconds
 from threadloom.persistence.pressure import PRESS_WINDOW, Bulkhead, WritePressure, pool_probe, timed_write
@@ -72,8 +74,10 @@ def check_max_json_size(value: Any) -> int:
     return v.check_int("max_json_size", value, low=1, high=MAX_MAX_JSON_SIZE)
 
 
-def check_commit(thread_id: str, commit: Any, max_json_size: int | None = None) -> EncodedCommit:
-    """Validates ``commit`` for ``thread_id`` and encodes it, once.
+def check_commit(
+    thread_id: str, commit: Any, max_json_size: int | None = None, access: AccessSchemas | None = None
+) -> EncodedCommit:
+    """Validates ``commit`` for ``thread_id`` and encodes it, once (deriving its access stamp by ``access``).
 
     The encoding is :func:`~threadloom.persistence.encoded.encode_commit`'s.
 
@@ -82,19 +86,19 @@ def check_commit(thread_id: str, commit: Any, max_json_size: int | None = None) 
             fence names the thread itself; two effects share a key; a part changed behind its constructor; a
             stored record would be longer than ``max_json_size`` characters.
     """
-    return encode_commit(thread_id, commit, max_json_size)
+    return encode_commit(thread_id, commit, max_json_size, access)
 
 
 OPERATIONS: tuple[str, ...] = (
     "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "children",
     "events_after", "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep",
-    "threads", "incomplete",
+    "threads", "incomplete", *ACCESS_OPERATIONS,
 )
 """The public methods of the contract, in the order :class:`Checkpointer` declares them (the forwarding base,
 the metered store and the contract suite all iterate over this one list)."""
 
 
-class Checkpointer(abc.ABC):
+class Checkpointer(AccessContract):
     """A store of agent threads: claims, fenced commits, history, events, tombstones, retention.
 
     The contract every store and every wrapper keeps (README "The library in ten lines"). Concrete stores
@@ -366,7 +370,7 @@ class Checkpointer(abc.ABC):
         """
 
 
-class StoreBase(SlowCalls, Checkpointer):
+class StoreBase(SlowCalls, AccessStore, Checkpointer):
     """The base of every concrete store: it validates each call once, then runs the store's implementation.
 
     Each public method of :class:`Checkpointer` checks its arguments (``ValidationError`` naming the field,
@@ -380,7 +384,8 @@ class StoreBase(SlowCalls, Checkpointer):
     poll_interval: timedelta = timedelta(milliseconds=50)
     """How often the polling default of :meth:`await_events_after` re-reads (a store that wakes overrides it)."""
 
-    def __init__(self, *, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
+    def __init__(self, *, max_json_size: int = DEFAULT_MAX_JSON_SIZE, access: AccessSchemas | None = None) -> None:
+        self._access = check_access(access)
         self.max_json_size = check_max_json_size(max_json_size)
         """The longest JSON text, in characters, of one stored record (a checkpoint with its state, a pending
         write, an event, an effect record) that :meth:`commit` accepts; a longer one is a ``ValidationError``."""
@@ -489,7 +494,7 @@ class StoreBase(SlowCalls, Checkpointer):
         """:meth:`Checkpointer.commit`: validates and encodes ``commit`` once
         (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
         v.check_id("thread_id", thread_id)
-        encoded = check_commit(thread_id, commit, self.max_json_size)
+        encoded = check_commit(thread_id, commit, self.max_json_size, self._access)
         started = self._begin("commit")
         try:
             return self._commit(thread_id, encoded)

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from threadloom.domain import validation as v
+from threadloom.domain.access import WALK_GRAPH_ID, AccessSchemas, StampColumns
 from threadloom.domain.clock import to_micros
 from threadloom.domain.errors import ValidationError
 from threadloom.domain.validation import dumps_compact
@@ -126,6 +127,10 @@ class EncodedCommit:
     source: Commit
     pending_targets: tuple[tuple[str, str], ...]
     """``(task_id, checkpoint_id)`` of each pending write, in order (what commit rule 3 checks)."""
+    stamp: StampColumns | None = None
+    """The access stamp ``(access_schema, access_tenant, access_attrs)`` derived once from the commit's checkpoint
+    by the store's schema of its graph kind; None for a commit without a checkpoint (the store stamps its rows with
+    the thread's latest checkpoint's stamp) or to a walk thread (never stamped)."""
 
 
 def _check_size(field: str, part: str, record: str, limit: int | None, record_field: str) -> None:
@@ -225,14 +230,16 @@ def encode_effect(effect: EffectRecord, limit: int | None = None, index: int = 0
     return EncodedEffect(key=effect.key, text=text)
 
 
-def encode_commit(thread_id: str, commit: Any, max_json_size: int | None = None) -> EncodedCommit:
+def encode_commit(
+    thread_id: str, commit: Any, max_json_size: int | None = None, access: AccessSchemas | None = None
+) -> EncodedCommit:
     """Validates ``commit`` for ``thread_id`` and encodes it, once (see the module docstring).
 
     Checks what no constructor can: the checkpoint names ``thread_id`` and carries no other token, is not its
     own parent; the fence names another thread; no two effect records share a key; no stored record (the
     checkpoint with its state, a pending write, an event, an effect record) is longer than ``max_json_size``
     characters of JSON (None: no limit). A part whose fields were replaced after it was built (bypassing its
-    validators) is validated again.
+    validators) is validated again. With ``access``, the checkpoint's access stamp is derived here, once.
 
     Returns:
         The encoded commit a store's ``_commit`` writes as is.
@@ -283,4 +290,9 @@ def encode_commit(thread_id: str, commit: Any, max_json_size: int | None = None)
         effects=effects,
         source=commit,
         pending_targets=tuple((w.task_id, w.checkpoint_id) for w in writes),
+        stamp=(
+            None
+            if access is None or cp is None or cp.graph_id == WALK_GRAPH_ID
+            else access.for_graph(cp.graph_id).columns(cp)
+        ),
     )

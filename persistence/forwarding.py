@@ -11,10 +11,11 @@ seam, :meth:`ForwardingCheckpointer._forward`, or overrides a public method of i
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from threadloom.domain.access import NO_ACCESS, AccessSchemas, Member, TenantExportPage
 from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueEntry
 from threadloom.domain.values import (
@@ -191,6 +192,41 @@ class ForwardingCheckpointer(Checkpointer):
 
     def incomplete(self, tenant_id: str | None, *, limit: int, after: ThreadCursor | None = None) -> ThreadPage:
         return self._forward("incomplete", tenant_id, limit=limit, after=after)
+
+    # -- access (README "Access schemas") ----------------------------------------------------------------------------
+
+    @property
+    def access(self) -> AccessSchemas:
+        """The inner store's access schemas (none declared when the wrapper picks a store per call)."""
+        return self._inner.access if self._inner is not None else NO_ACCESS
+
+    def stamp_thread(self, thread_id: str, *, fence: tuple[str, int] | None = None) -> int:
+        return self._forward("stamp_thread", thread_id, fence=fence)
+
+    def graph_threads(self, graph_id: str, *, after: str | None = None, limit: int) -> list[str]:
+        return self._forward("graph_threads", graph_id, after=after, limit=limit)
+
+    def token_high_water(self) -> int:
+        return self._forward("token_high_water")
+
+    def heartbeat(self, group: str, member: str, serves: Sequence[str], ttl: timedelta) -> None:
+        return self._forward("heartbeat", group, member, serves, ttl)
+
+    def members(self, group: str) -> list[Member]:
+        return self._forward("members", group)
+
+    def tenant_history(
+        self, thread_id: str, tenant_id: str | None, *, limit: int, before: str | None = None
+    ) -> list[Checkpoint]:
+        return self._forward("tenant_history", thread_id, tenant_id, limit=limit, before=before)
+
+    def tenant_events_after(
+        self, thread_id: str, tenant_id: str | None, after_seq: int, limit: int
+    ) -> list[EventRecord]:
+        return self._forward("tenant_events_after", thread_id, tenant_id, after_seq, limit)
+
+    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int) -> TenantExportPage:
+        return self._forward("export_tenant", tenant_id, after=after, limit=limit)
 
 
 class ForwardingRunQueue(RunQueue):

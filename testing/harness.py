@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from threadloom.domain.access import AccessSchemas
 from threadloom.domain.clock import ManualClock
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
@@ -41,6 +42,9 @@ class StoreHarness(abc.ABC):
     reopenable: bool = True
     shared: bool = True
 
+    access: AccessSchemas | None = None
+    """The access schemas the stores this harness opens stamp with (:meth:`node` opens one with others)."""
+
     def __init__(self) -> None:
         self.clock = ManualClock(START)
         self._opened: list[Checkpointer] = []
@@ -56,6 +60,21 @@ class StoreHarness(abc.ABC):
         store = self._sibling()
         self._opened.append(store)
         return store
+
+    def node(self, access: AccessSchemas | None) -> Checkpointer:
+        """Another store over the same storage that stamps with ``access`` (a node of another release).
+
+        Memory included: its node shares the first store's storage (open a store first)."""
+        previous, self.access = self.access, access
+        try:
+            store = self._node()
+        finally:
+            self.access = previous
+        self._opened.append(store)
+        return store
+
+    def _node(self) -> Checkpointer:
+        return self._sibling()
 
     def reopen(self, store: Checkpointer) -> Checkpointer:
         """Closes ``store`` and opens a new one over the same storage."""
@@ -96,8 +115,12 @@ class MemoryHarness(StoreHarness):
         self._store: InMemoryCheckpointer | None = None
 
     def _open(self) -> Checkpointer:
-        self._store = InMemoryCheckpointer(self.clock)
+        self._store = InMemoryCheckpointer(self.clock, access=self.access)
         return self._store
+
+    def _node(self) -> Checkpointer:
+        assert self._store is not None, "open() first"
+        return InMemoryCheckpointer(self.clock, access=self.access, shared=self._store)
 
     def _sibling(self) -> Checkpointer:
         assert self._store is not None, "open() first"
@@ -195,6 +218,9 @@ def wrapping_harness(
     def _sibling(self: StoreHarness) -> Checkpointer:
         return _wrap(self, base._sibling(self))
 
+    def _node(self: StoreHarness) -> Checkpointer:
+        return _wrap(self, base._node(self))
+
     cls = type(
         f"{prefix.title().replace('-', '')}{base.__name__}",
         (base,),
@@ -205,6 +231,7 @@ def wrapping_harness(
             "name": f"{prefix}-{base.name}",
             "_open": _open,
             "_sibling": _sibling,
+            "_node": _node,
         },
     )
     _wrapping[key] = cls

@@ -21,10 +21,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from threadloom.domain.access import AccessSchemas
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
 from threadloom.testing.harness import AlternatingCheckpointer, StoreHarness
+
+_HARNESS = object()
 
 
 class SqliteHarness(StoreHarness):
@@ -39,9 +42,15 @@ class SqliteHarness(StoreHarness):
         self.directory = tempfile.mkdtemp(prefix="threadloom-sqlite-")
         self.path = os.path.join(self.directory, "store.db")
 
-    def open_sqlite(self, busy_timeout: timedelta = timedelta(seconds=5)) -> SqliteCheckpointer:
-        """A plain :class:`SqliteCheckpointer` over this harness's file and clock (not tracked for cleanup)."""
-        return SqliteCheckpointer.open(self.path, clock=self.clock, busy_timeout=busy_timeout)
+    def open_sqlite(
+        self, busy_timeout: timedelta = timedelta(seconds=5), access: AccessSchemas | None | object = _HARNESS
+    ) -> SqliteCheckpointer:
+        """A plain :class:`SqliteCheckpointer` over this harness's file and clock (not tracked for cleanup),
+        stamping with ``access`` (default: the harness's :attr:`access`)."""
+        return SqliteCheckpointer.open(
+            self.path, clock=self.clock, busy_timeout=busy_timeout,
+            access=self.access if access is _HARNESS else access,  # type: ignore[arg-type]
+        )
 
     def _open(self) -> Checkpointer:
         return self.open_sqlite()
@@ -89,7 +98,8 @@ class SqliteReopeningHarness(SqliteHarness):
     name = "sqlite-reopening"
 
     def _open(self) -> Checkpointer:
-        return ReopeningCheckpointer(self.open_sqlite)
+        access = self.access  # each call's store stamps with the declarations this store was opened with
+        return ReopeningCheckpointer(lambda: self.open_sqlite(access=access))
 
 
 __all__ = ["ReopeningCheckpointer", "SqliteHarness", "SqlitePairHarness", "SqliteReopeningHarness"]

@@ -181,6 +181,14 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
     assert store.incomplete(None, limit=10).items == ()  # held by a live claim: RUNNING, not IDLE
     store.release("t", claim.token)
     assert [s.thread_id for s in store.incomplete(None, limit=10).items] == ["t"]
+    assert store.stamp_thread("t") == 0  # stamped at commit
+    assert store.graph_threads("default", limit=10) == ["t"]
+    assert store.token_high_water() == claim.token
+    store.heartbeat("g#access", "node", ["default@a1"], TTL)
+    assert [m.member for m in store.members("g#access")] == ["node"]
+    assert [c.id for c in store.tenant_history("t", None, limit=10)] == ["c2"]
+    assert [e.seq for e in store.tenant_events_after("t", None, 2, 10)] == [3]
+    assert [t.thread_id for t in store.export_tenant(None, limit=10).threads] == ["t"]
     claim2 = store.claim("t", ClaimRequest(holder="run-2", ttl=TTL))
     store.delete_thread("t", claim2.token)
     assert store.latest("t") is None
@@ -190,6 +198,8 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
         "claim": 2, "renew": 1, "release": 1, "current_claim": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
         "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
         "effect": 1, "lookup_run": 1, "prune": 1, "sweep": 1, "threads": 1, "incomplete": 2,
+        "stamp_thread": 1, "graph_threads": 1, "token_high_water": 1, "heartbeat": 1, "members": 1,
+        "tenant_history": 1, "tenant_events_after": 1, "export_tenant": 1,
     }
     assert set(expected) == set(OPERATIONS)
     for op, count in expected.items():

@@ -10,10 +10,12 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import attrs
 
 from threadloom.domain import rules
+from threadloom.domain.access import WALK_GRAPH_ID, AccessSchemas, Member, StampColumns
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
@@ -60,6 +62,7 @@ class _Stored:
     text: str
     row: CheckpointRow
     checkpoint: EncodedCheckpoint  # its indexed columns, only ever read to decide (never returned: text is decoded)
+    stamp: StampColumns | None = None  # (access_schema, access_tenant, access_attrs); None: unstamped
 
 
 @attrs.define
@@ -67,6 +70,7 @@ class _Event:
     seq: int
     committed_at: datetime
     text: str
+    stamp: StampColumns | None = None
 
 
 @attrs.define
@@ -77,8 +81,10 @@ class _Thread:
     history: list[_Stored] = attrs.Factory(list)
     ids: set[str] = attrs.Factory(set)  # the ids in ``history``: a commit's duplicate check reads no history
     pending: list[str] = attrs.Factory(list)
+    pending_stamps: list[StampColumns | None] = attrs.Factory(list)  # one per pending write
     events: list[_Event] = attrs.Factory(list)
     effects: dict[str, str] = attrs.Factory(dict)
+    effect_stamps: dict[str, StampColumns | None] = attrs.Factory(dict)  # by effect key
     metadata: dict[str, str] = attrs.Factory(dict)
     updated_at: datetime | None = None
     claim: _Claim | None = None
@@ -88,31 +94,71 @@ class _Thread:
         return not (self.history or self.pending or self.events or self.effects or self.metadata or self.claim)
 
 
+@attrs.define
+class _Counters:
+    """The store-wide numbers (shared by every store over one in-memory storage)."""
+
+    last_token: int = 0
+    place_counter: int = 0
+    mark: int = 0  # the reclamation mark: new threads number from here
+
+
+def _counter(name: str) -> Any:
+    return property(
+        lambda self: getattr(self._counters, name), lambda self, value: setattr(self._counters, name, value)
+    )
+
+
 class InMemoryCheckpointer(StoreBase):
     """The store contract in one process's memory: the reference every other store matches.
 
     Args:
         clock: the store's clock; it decides claim expiry, ``updated_at``, tombstone and retention age.
+        access: the access schemas this store stamps with (README "Access schemas"); default: none declared.
+        shared: another in-memory store whose storage this one shares (a second node over one storage, each
+            with its own ``access``); its clock is used.
         max_json_size: the longest JSON text, in characters, of one record a commit stores (a checkpoint with
             its state, a pending write, an event, an effect record); default 16 MiB, at most 128 MiB. A longer
             one is a ``ValidationError`` (README "Limits").
     """
 
-    def __init__(self, clock: Clock | None = None, *, max_json_size: int = DEFAULT_MAX_JSON_SIZE) -> None:
-        super().__init__(max_json_size=max_json_size)
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        *,
+        max_json_size: int = DEFAULT_MAX_JSON_SIZE,
+        access: AccessSchemas | None = None,
+        shared: InMemoryCheckpointer | None = None,
+    ) -> None:
+        super().__init__(max_json_size=max_json_size, access=access)
         self._clock = check_clock("clock", clock) if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._rows: dict[str, _Thread] = {}
         self._places: dict[str, dict[str, int]] = {}  # parent -> child -> place (order of first origin commit)
-        self._place_counter = 0
-        self._last_token = 0
-        self._mark = 0  # the reclamation mark: new threads number from here
+        self._counters = _Counters()
+        self._members_by_group: dict[str, dict[str, tuple[tuple[str, ...], datetime]]] = {}
         self.queue: InMemoryRunQueue = InMemoryRunQueue(self)
         """The store's run queue: shares this lock; its open entries' runs survive retention."""
+        if shared is not None:
+            self._share(shared)
+
+    _last_token = _counter("last_token")
+    _place_counter = _counter("place_counter")
+    _mark = _counter("mark")
 
     def __repr__(self) -> str:
         return f"InMemoryCheckpointer(clock={self._clock!r})"
+
+    def _share(self, other: InMemoryCheckpointer) -> None:
+        """Makes this store a second node over ``other``'s storage (its own ``access``, the same data)."""
+        if not isinstance(other, InMemoryCheckpointer):
+            raise ValidationError("shared", (f"must be an InMemoryCheckpointer, got {type(other).__name__}",))
+        self._clock = other._clock
+        self._lock, self._changed = other._lock, other._changed
+        self._rows, self._places, self._counters = other._rows, other._places, other._counters
+        self._members_by_group = other._members_by_group
+        self.queue = other.queue
 
     # -- helpers (lock held) ---------------------------------------------------------------------------------------
 
@@ -268,14 +314,18 @@ class InMemoryCheckpointer(StoreBase):
             assert row is not None  # a current claim means the thread has a row
             # Every check passed: apply (nothing below can fail).
             now = read_clock(self._clock)
+            stamp = commit.stamp if cp is not None else self._latest_stamp(row, thread_id)
             pending = [write.text for write in commit.pending_writes]
             if cp is not None:
                 for cut in row.history[keep:]:
                     row.ids.discard(cut.row.id)
                 del row.history[keep:]
                 row.ids.add(cp.id)
-                row.history.append(_Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp))
+                row.history.append(
+                    _Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp, stamp)
+                )
                 row.pending = pending
+                row.pending_stamps = [stamp] * len(pending)
                 row.updated_at = now
                 if cp.origin_parent is not None:
                     places = self._places.setdefault(cp.origin_parent, {})
@@ -284,15 +334,18 @@ class InMemoryCheckpointer(StoreBase):
                         places[thread_id] = self._place_counter
             else:
                 row.pending.extend(pending)
+                row.pending_stamps.extend([stamp] * len(pending))
             records = []
             seq = row.next_seq
             for event in commit.events:
-                row.events.append(_Event(seq, now, event.text(seq)))
+                row.events.append(_Event(seq, now, event.text(seq), stamp))
                 records.append(event.record(seq))
                 seq += 1
             row.next_seq = seq
             for effect in commit.effects:
-                row.effects.setdefault(effect.key, effect.text)
+                if effect.key not in row.effects:
+                    row.effects[effect.key] = effect.text
+                    row.effect_stamps[effect.key] = stamp
             if commit.metadata:
                 row.metadata.update(commit.metadata)
                 row.updated_at = now
@@ -406,8 +459,10 @@ class InMemoryCheckpointer(StoreBase):
             if start is not None:
                 row.first_seq = row.next_seq = row.floor = start
             row.history, row.pending, row.events = [], [], []
+            row.pending_stamps = []
             row.ids = set()
             row.effects, row.metadata = {}, {}
+            row.effect_stamps = {}
             row.claim = None
             row.updated_at = None
             row.deleted_at = read_clock(self._clock)
@@ -504,6 +559,8 @@ class InMemoryCheckpointer(StoreBase):
             cp = row.history[-1].checkpoint
             if cp.origin_parent is not None or cp.tenant_id != tenant_id or row.updated_at is None:
                 continue
+            if cp.graph_id == WALK_GRAPH_ID:  # walk threads are never listed
+                continue
             live = row.claim is not None and rules.claim_is_live(row.claim.expires_at, now)
             out.append(
                 ThreadSummary(
@@ -539,6 +596,140 @@ class InMemoryCheckpointer(StoreBase):
         if after is not None:
             rows = [s for s in rows if (s.updated_at, s.thread_id) > (after.updated_at, after.thread_id)]
         return ThreadPage.of(rows[: limit + 1], limit)
+
+    # -- access (README "Access schemas") ----------------------------------------------------------------------------
+
+    def _latest_stamp(self, row: _Thread, thread_id: str) -> StampColumns | None:
+        """The stamp a commit without a checkpoint writes: its latest checkpoint's (lock held), derived again by
+        this store's schema when it is not of it (a checkpoint an older node committed)."""
+        if not row.history:
+            return None
+        latest = row.history[-1]
+        graph_id = latest.checkpoint.graph_id
+        if graph_id == WALK_GRAPH_ID:
+            return None
+        schema = self._access.for_graph(graph_id)
+        if latest.stamp is not None and latest.stamp[0] == schema.hash:
+            return latest.stamp
+        return schema.columns(codec.decode_checkpoint(latest.text, thread_id))
+
+    def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
+        with self._lock:
+            self._check_fence(fence)
+            row = self._rows.get(thread_id)
+            if row is None or not row.history:
+                return 0
+            stamp = self._latest_stamp(row, thread_id)
+            if stamp is None:
+                return 0
+            changed = 0
+            for stored in row.history:
+                if stored.stamp != stamp:
+                    stored.stamp = stamp
+                    changed += 1
+            for index, old in enumerate(row.pending_stamps):
+                if old != stamp:
+                    row.pending_stamps[index] = stamp
+                    changed += 1
+            for event in row.events:
+                if event.stamp != stamp:
+                    event.stamp = stamp
+                    changed += 1
+            for key in row.effects:
+                if row.effect_stamps.get(key) != stamp:
+                    row.effect_stamps[key] = stamp
+                    changed += 1
+            return changed
+
+    def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            ids = sorted(
+                thread_id
+                for thread_id, row in self._rows.items()
+                if row.history
+                and row.history[-1].checkpoint.graph_id == graph_id
+                and (after is None or thread_id > after)
+            )
+        return ids[:limit]
+
+    def _token_high_water(self) -> int:
+        with self._lock:
+            return self._last_token
+
+    def _heartbeat(self, group: str, member: str, serves: tuple[str, ...], ttl: timedelta) -> None:
+        with self._lock:
+            now = read_clock(self._clock)
+            members = self._members_by_group.setdefault(group, {})
+            for name, (_, expires_at) in list(members.items()):
+                if expires_at <= now:
+                    del members[name]
+            members[member] = (serves, now + ttl)
+
+    def _members(self, group: str) -> list[Member]:
+        with self._lock:
+            now = read_clock(self._clock)
+            members = self._members_by_group.get(group, {})
+            return [
+                Member(member=name, serves=serves, expires_at=expires_at)
+                for name, (serves, expires_at) in sorted(members.items())
+                if expires_at > now
+            ]
+
+    def _graph_of(self, row: _Thread | None) -> str | None:
+        return row.history[-1].checkpoint.graph_id if row is not None and row.history else None
+
+    def _stamped_history(self, thread_id: str, limit: int, before: str | None) -> tuple[str | None, list[Any]]:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            history = row.history if row is not None else []
+            end = len(history)
+            if before is not None:
+                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
+                if not positions:
+                    raise CheckpointNotFound(thread_id, before)
+                end = positions[0]
+            page = history[max(0, end - limit) : end]
+            return self._graph_of(row), [
+                (codec.decode_checkpoint(stored.text, thread_id), stored.stamp) for stored in reversed(page)
+            ]
+
+    def _stamped_events(self, thread_id: str, after_seq: int, limit: int) -> tuple[str | None, list[Any]]:
+        with self._lock:
+            records = self._read_events(thread_id, after_seq, limit)
+            row = self._rows.get(thread_id)
+            stamps = {event.seq: event.stamp for event in row.events} if row is not None else {}
+            return self._graph_of(row), [(record, stamps.get(record.seq)) for record in records]
+
+    def _tenant_threads(self, tenant_id: str | None, after: str | None, limit: int) -> list[str]:
+        with self._lock:
+            ids = sorted(
+                thread_id
+                for thread_id, row in self._rows.items()
+                if row.history
+                and row.history[-1].checkpoint.tenant_id == tenant_id
+                and row.history[-1].checkpoint.graph_id != WALK_GRAPH_ID
+                and (after is None or thread_id > after)
+            )
+        return ids[:limit]
+
+    def _stamped_thread(self, thread_id: str) -> Any:
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is None:
+                return None, [], [], [], []
+            return (
+                self._graph_of(row),
+                [(codec.decode_checkpoint(stored.text, thread_id), stored.stamp) for stored in row.history],
+                [
+                    (codec.decode_pending_write(text, thread_id), stamp)
+                    for text, stamp in zip(row.pending, row.pending_stamps, strict=False)
+                ],
+                [(codec.decode_event(event.text, thread_id), event.stamp) for event in row.events],
+                [
+                    (codec.decode_effect(row.effects[key], thread_id), row.effect_stamps.get(key))
+                    for key in sorted(row.effects)
+                ],
+            )
 
     def _close(self) -> None:
         with self._changed:

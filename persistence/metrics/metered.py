@@ -85,6 +85,7 @@ SWEEP_PRUNED = "threadloom_sweep_pruned_total"
 SWEEP_RECLAIMED = "threadloom_sweep_reclaimed_total"
 WAITS = "threadloom_waits_total"
 CLOCK_SKEW = "threadloom_clock_skew_detected_total"
+ROWS_STAMPED = "threadloom_access_rows_stamped_total"
 
 STORE_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
@@ -125,6 +126,11 @@ STORE_METRICS: tuple[MetricSpec, ...] = (
         kind="counter",
         help="Claims or commits read stamped in this process's future beyond the tolerance (SQLite), by store method.",
         labels=("op",),
+    ),
+    MetricSpec(
+        name=ROWS_STAMPED,
+        kind="counter",
+        help="Rows whose access stamp stamp_thread changed (walks and the follower of tenant-scoped reads).",
     ),
 )
 """The metrics :class:`MeteredCheckpointer` records (see the module docstring); it describes each to its meter."""
@@ -214,6 +220,8 @@ class MeteredCheckpointer(ForwardingCheckpointer):
         self._ops["commit"].after = self._committed
         self._ops["await_events_after"].after = self._waited
         self._ops["sweep"].after = self._swept
+        self._rows_stamped = meter.counter(ROWS_STAMPED)
+        self._ops["stamp_thread"].after = self._stamped
         watched: Any = inner
         while watched is not None and getattr(watched, "skew_watch", None) is None:
             watched = getattr(watched, "inner", None)
@@ -315,6 +323,10 @@ class MeteredCheckpointer(ForwardingCheckpointer):
 
     def _waited(self, found: list[EventRecord]) -> None:
         self._extra(self._woken if found else self._timed_out)
+
+    def _stamped(self, changed: int) -> None:
+        if changed:
+            self._extra(self._rows_stamped, changed)
 
     def _swept(self, page: SweepPage) -> None:
         self._extra(self._sweep_pages)

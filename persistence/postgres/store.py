@@ -594,6 +594,39 @@ class PostgresCheckpointer(StoreBase):
         self._ensure_open("check")
         return check_store(self._db)
 
+    # -- access (README "Access schemas") ---------------------------------------------------------------------------
+    # Interim: the PostgreSQL stamps land in the next commits; until then each access call refuses, nothing written.
+
+    def _not_yet(self, operation: str) -> Any:
+        raise ProcessingError(operation, "access stamps are not built on PostgreSQL yet; nothing was read or written")
+
+    def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
+        return self._not_yet("stamp_thread")  # type: ignore[no-any-return]
+
+    def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
+        return self._not_yet("graph_threads")  # type: ignore[no-any-return]
+
+    def _token_high_water(self) -> int:
+        return self._not_yet("token_high_water")  # type: ignore[no-any-return]
+
+    def _heartbeat(self, group: str, member: str, serves: tuple[str, ...], ttl: timedelta) -> None:
+        self._not_yet("heartbeat")
+
+    def _members(self, group: str) -> Any:
+        return self._not_yet("members")
+
+    def _stamped_history(self, thread_id: str, limit: int, before: str | None) -> Any:
+        return self._not_yet("tenant_history")
+
+    def _stamped_events(self, thread_id: str, after_seq: int, limit: int) -> Any:
+        return self._not_yet("tenant_events_after")
+
+    def _tenant_threads(self, tenant_id: str | None, after: str | None, limit: int) -> list[str]:
+        return self._not_yet("export_tenant")  # type: ignore[no-any-return]
+
+    def _stamped_thread(self, thread_id: str) -> Any:
+        return self._not_yet("export_tenant")
+
     def _close(self) -> None:
         self._listener.stop()
         self._waiters.wake_all()

@@ -101,6 +101,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 4: how many of an entry's leases were handed back with a refund (a worker that stopped): they do not count
     # as tries against ServePolicy.max_attempts (persistence/queue.py, release_lease).
     ("ALTER TABLE run_queue ADD COLUMN refunded INTEGER NOT NULL DEFAULT 0",),
+    # 5: access stamps (README "Access schemas"): every row kind carries the schema hash, the tenant and the
+    # declared attributes (JSON text) of its thread when it was written or last stamped; rows written before are
+    # NULL. The thread row keeps its latest checkpoint's stamp (a commit without a checkpoint reuses it). Indexes:
+    # each row table by tenant (per-tenant export, erase), threads by graph kind (the walks' pages) and by tenant
+    # (export_tenant's pages). Membership of the walks' groups, with expiry by the store's clock.
+    tuple(
+        f"ALTER TABLE {table} ADD COLUMN {column} TEXT"
+        for table in ("checkpoints", "pending", "events", "effects", "threads")
+        for column in ("access_schema", "access_tenant", "access_attrs")
+    )
+    + tuple(
+        f"CREATE INDEX {table}_access_tenant ON {table} (access_tenant, thread_id)"
+        for table in ("checkpoints", "pending", "events", "effects")
+    )
+    + (
+        "CREATE INDEX threads_graph ON threads (latest_graph_id, thread_id) WHERE latest_graph_id IS NOT NULL",
+        "CREATE INDEX threads_tenant ON threads (latest_tenant, thread_id) WHERE latest_id IS NOT NULL",
+        "CREATE TABLE access_members ("
+        " grp TEXT NOT NULL, member TEXT NOT NULL, serves TEXT NOT NULL, expires_at INTEGER NOT NULL,"
+        " PRIMARY KEY (grp, member)) WITHOUT ROWID",
+    ),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
@@ -144,8 +165,8 @@ FORGETTABLE = (
 FORGET = "DELETE FROM threads WHERE thread_id = ?"
 COMMIT_READ = (
     "SELECT claim_token, next_seq, n_checkpoints, n_pending, metadata, deleting, updated_at,"
-    " latest_id, latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent"
-    " FROM threads WHERE thread_id = ?"
+    " latest_id, latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,"
+    " access_schema, access_tenant, access_attrs FROM threads WHERE thread_id = ?"
 )
 # INDEXED BY: else the planner may walk the history backwards from the latest until a settled checkpoint.
 NEWEST_SETTLED = (
@@ -157,19 +178,27 @@ CUT_HISTORY = "DELETE FROM checkpoints WHERE thread_id = ? AND position > ?"
 # The insert is also the duplicate check of commit rule 3: the (thread_id, id) unique index refuses an id the
 # history holds, and the caller reads a rowcount of 0 as "already in the history".
 INSERT_CHECKPOINT = (
-    "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
+    "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body,"
+    " access_schema, access_tenant, access_attrs)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
 )
 DROP_PENDING = "DELETE FROM pending WHERE thread_id = ?"
 # A new checkpoint's pending writes take the old latest's places 0, 1, ... in place (an update of the row, not a
 # delete and an insert); only the old writes past the new ones are deleted (DROP_PENDING_FROM).
 PUT_PENDING = (
-    "INSERT INTO pending (thread_id, idx, body) VALUES (?, ?, ?)"
-    " ON CONFLICT (thread_id, idx) DO UPDATE SET body = excluded.body"
+    "INSERT INTO pending (thread_id, idx, body, access_schema, access_tenant, access_attrs) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (thread_id, idx) DO UPDATE SET body = excluded.body, access_schema = excluded.access_schema,"
+    " access_tenant = excluded.access_tenant, access_attrs = excluded.access_attrs"
 )
 DROP_PENDING_FROM = "DELETE FROM pending WHERE thread_id = ? AND idx >= ?"
-INSERT_EVENT = "INSERT INTO events (thread_id, seq, committed_at, body) VALUES (?, ?, ?, ?)"
-INSERT_EFFECT = "INSERT INTO effects (thread_id, key, body) VALUES (?, ?, ?) ON CONFLICT (thread_id, key) DO NOTHING"
+INSERT_EVENT = (
+    "INSERT INTO events (thread_id, seq, committed_at, body, access_schema, access_tenant, access_attrs)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_EFFECT = (
+    "INSERT INTO effects (thread_id, key, body, access_schema, access_tenant, access_attrs) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (thread_id, key) DO NOTHING"
+)
 UNLIST_CHILD = "UPDATE children SET listed = 0 WHERE parent = ? AND child = ?"
 LIST_CHILD = (
     "INSERT INTO children (parent, child, listed) VALUES (?, ?, 1)"
@@ -181,8 +210,11 @@ COMMIT_WRITE_LOG = "UPDATE threads SET next_seq = ?, n_pending = ? WHERE thread_
 COMMIT_WRITE = (
     "UPDATE threads SET next_seq = ?, n_checkpoints = ?, n_pending = ?, metadata = ?, deleting = ?,"
     " updated_at = ?, latest_id = ?, latest_position = ?, latest_status = ?, latest_run_id = ?,"
-    " latest_tenant = ?, latest_graph_id = ?, origin_parent = ? WHERE thread_id = ?"
+    " latest_tenant = ?, latest_graph_id = ?, origin_parent = ?, access_schema = ?, access_tenant = ?,"
+    " access_attrs = ? WHERE thread_id = ?"
 )
+# The latest checkpoint's body, to derive a stamp when the thread's is of another schema (an older node's commit).
+LATEST_BODY = "SELECT body FROM checkpoints WHERE thread_id = ? AND position = ?"
 # The latest checkpoint (kind 0) and its pending writes (kind 1) in one statement: one snapshot, no transaction.
 LATEST = (
     "SELECT 0, 0, body FROM (SELECT body FROM checkpoints WHERE thread_id = ?1 ORDER BY position DESC LIMIT 1)"
@@ -216,7 +248,8 @@ TOMBSTONE = (
     " first_seq = coalesce(?1, first_seq), next_seq = coalesce(?1, next_seq), floor = coalesce(?1, floor),"
     " n_checkpoints = 0, n_pending = 0, metadata = NULL, deleting = 0, updated_at = NULL, deleted_at = ?2,"
     " latest_id = NULL, latest_position = NULL, latest_status = NULL, latest_run_id = NULL,"
-    " latest_tenant = NULL, latest_graph_id = NULL, origin_parent = NULL WHERE thread_id = ?3"
+    " latest_tenant = NULL, latest_graph_id = NULL, origin_parent = NULL, access_schema = NULL,"
+    " access_tenant = NULL, access_attrs = NULL WHERE thread_id = ?3"
 )
 EFFECT = "SELECT body FROM effects WHERE thread_id = ? AND key = ?"
 # The newest checkpoint (by position) of any of the runs in a JSON array: one index probe per run.
@@ -275,7 +308,58 @@ STATUS_CASE = (
 INCOMPLETE_SELECT = (
     REGISTRY_SELECT + " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_status = 'running'"
     " AND deleting = 0 AND (claim_token IS NULL OR claim_expires <= :now)"
+    " AND latest_graph_id IS NOT 'threadloom.access-walk'"
 )
+
+# -- access (README "Access schemas") --------------------------------------------------------------------------------
+# The stamp columns of a row: (access_schema, access_tenant, access_attrs), ?1..?3; the thread ?4.
+_RESTAMP = (
+    " SET access_schema = ?1, access_tenant = ?2, access_attrs = ?3 WHERE thread_id = ?4"
+    " AND (access_schema IS NOT ?1 OR access_tenant IS NOT ?2 OR access_attrs IS NOT ?3)"
+)
+STAMP_READ = "SELECT latest_graph_id, latest_position FROM threads WHERE thread_id = ?"
+RESTAMP_CHECKPOINTS = "UPDATE checkpoints" + _RESTAMP
+RESTAMP_PENDING = "UPDATE pending" + _RESTAMP
+RESTAMP_EVENTS = "UPDATE events" + _RESTAMP
+RESTAMP_EFFECTS = "UPDATE effects" + _RESTAMP
+RESTAMP_THREAD = "UPDATE threads SET access_schema = ?, access_tenant = ?, access_attrs = ? WHERE thread_id = ?"
+GRAPH_THREADS = (
+    "SELECT thread_id FROM threads WHERE latest_graph_id = ? AND thread_id > ? ORDER BY thread_id LIMIT ?"
+)
+TENANT_THREADS = (
+    "SELECT thread_id FROM threads WHERE latest_tenant IS ? AND latest_id IS NOT NULL AND thread_id > ?"
+    " AND latest_graph_id IS NOT 'threadloom.access-walk' ORDER BY thread_id LIMIT ?"
+)
+TOKEN_HIGH_WATER = "SELECT last_token FROM store WHERE id = 1"
+EXPIRE_MEMBERS = "DELETE FROM access_members WHERE grp = ? AND expires_at <= ?"
+HEARTBEAT = (
+    "INSERT INTO access_members (grp, member, serves, expires_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (grp, member) DO UPDATE SET serves = excluded.serves, expires_at = excluded.expires_at"
+)
+MEMBERS = "SELECT member, serves, expires_at FROM access_members WHERE grp = ? AND expires_at > ? ORDER BY member"
+THREAD_GRAPH = "SELECT latest_graph_id FROM threads WHERE thread_id = ?"
+STAMPED_HISTORY = (
+    "SELECT body, access_schema, access_tenant, access_attrs FROM checkpoints WHERE thread_id = ?"
+    " ORDER BY position DESC LIMIT ?"
+)
+STAMPED_HISTORY_BEFORE = (
+    "SELECT body, access_schema, access_tenant, access_attrs FROM checkpoints WHERE thread_id = ? AND position < ?"
+    " ORDER BY position DESC LIMIT ?"
+)
+EVENTS_HEADER = (
+    "SELECT t.first_seq, t.floor, s.mark, t.latest_graph_id FROM store AS s LEFT JOIN threads AS t"
+    " ON t.thread_id = ? WHERE s.id = 1"
+)
+STAMPED_EVENTS = (
+    "SELECT body, access_schema, access_tenant, access_attrs FROM events WHERE thread_id = ? AND seq > ?"
+    " ORDER BY seq LIMIT ?"
+)
+ALL_CHECKPOINTS = (
+    "SELECT body, access_schema, access_tenant, access_attrs FROM checkpoints WHERE thread_id = ? ORDER BY position"
+)
+ALL_PENDING = "SELECT body, access_schema, access_tenant, access_attrs FROM pending WHERE thread_id = ? ORDER BY idx"
+ALL_EVENTS = "SELECT body, access_schema, access_tenant, access_attrs FROM events WHERE thread_id = ? ORDER BY seq"
+ALL_EFFECTS = "SELECT body, access_schema, access_tenant, access_attrs FROM effects WHERE thread_id = ? ORDER BY key"
 
 
 STATEMENTS: Mapping[str, str] = {
@@ -293,7 +377,11 @@ STATEMENTS: Mapping[str, str] = {
 def threads_statement(query: ThreadQuery, now_us: int) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters of ``threads(query)`` at the store time ``now_us``: a tenant's root threads,
     newest ``updated_at`` first, at most ``query.limit + 1`` rows; None when ``query.statuses`` is empty."""
-    sql = [REGISTRY_SELECT, " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"]
+    sql = [
+        REGISTRY_SELECT,
+        " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"
+        " AND latest_graph_id IS NOT 'threadloom.access-walk'",
+    ]
     params: dict[str, Any] = {"tenant": query.tenant_id, "now": now_us, "limit": query.limit + 1}
     if query.after is not None:
         sql.append(" AND (updated_at, thread_id) < (:after_at, :after_id)")

@@ -34,6 +34,7 @@ from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
+from threadloom.domain.access import AccessSchemas, Member
 from threadloom.domain.clock import Clock, from_micros, to_micros
 from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, ThreadBusy, ValidationError
 from threadloom.domain.values import (
@@ -55,11 +56,12 @@ from threadloom.domain.values import (
     ThreadSummary,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.access import check_access
 from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_guard, check_max_json_size
 from threadloom.persistence.check import CheckReport
 from threadloom.persistence.clock import SystemClock, check_clock
 from threadloom.persistence.encoded import EncodedCommit
-from threadloom.persistence.sqlite import maintenance, readonly, retention
+from threadloom.persistence.sqlite import access, maintenance, readonly, retention
 from threadloom.persistence.sqlite import schema as sql
 from threadloom.persistence.sqlite.connection import (
     MAX_WRITE_BATCH,
@@ -73,7 +75,8 @@ from threadloom.persistence.sqlite.schema import JOURNAL_MODE, MIGRATIONS, SCHEM
 from threadloom.persistence.sqlite.skew import DEFAULT_SKEW_TOLERANCE, SkewWatch
 
 _Row = tuple[Any, ...]
-_NO_THREAD: _Row = (None,) * 14  # COMMIT_READ's columns of a thread the file does not hold
+_NO_THREAD: _Row = (None,) * 17  # COMMIT_READ's columns of a thread the file does not hold
+_UNSTAMPED = (None, None, None)
 
 
 def _check_path(path: Any) -> str:
@@ -148,10 +151,11 @@ class SqliteCheckpointer(StoreBase):
         opening: object,
         max_json_size: int = DEFAULT_MAX_JSON_SIZE,
         clock_skew_tolerance: timedelta = DEFAULT_SKEW_TOLERANCE,
+        access: AccessSchemas | None = None,
     ) -> None:
         if opening is not _OPENING:
             raise TypeError("build a SqliteCheckpointer with SqliteCheckpointer.open(path, ...)")
-        super().__init__(max_json_size=max_json_size)
+        super().__init__(max_json_size=max_json_size, access=access)
         self._db = database
         self._skew = SkewWatch(database.path, clock_skew_tolerance)
         self.queue = SqliteRunQueue(database)
@@ -168,6 +172,7 @@ class SqliteCheckpointer(StoreBase):
         read_only: bool = False,
         max_json_size: int = DEFAULT_MAX_JSON_SIZE,
         clock_skew_tolerance: timedelta = DEFAULT_SKEW_TOLERANCE,
+        access: AccessSchemas | None = None,
     ) -> SqliteCheckpointer:
         """Opens (creating and migrating as needed) the store in the SQLite file at ``path``.
 
@@ -195,6 +200,8 @@ class SqliteCheckpointer(StoreBase):
             clock_skew_tolerance: how far in this store's future (> 0) a claim or commit another process stamped
                 may lie before the store logs ``clock.skew_detected`` naming the holder that stamped it (once
                 per holder a minute) and a metered store counts it; default 5 s.
+            access: the access schemas this store stamps every commit's rows with and checks tenant-scoped reads
+                against (README "Access schemas"); default: none declared (every graph kind tenant-only).
 
         Returns:
             The open store; close it with :meth:`close` (or use it as a context manager).
@@ -221,6 +228,7 @@ class SqliteCheckpointer(StoreBase):
             raise ValidationError("read_only", (f"must be a bool, got {type(read_only).__name__}",))
         check_max_json_size(max_json_size)
         v.check_positive_duration("clock_skew_tolerance", clock_skew_tolerance)
+        check_access(access)
         busy_s = busy_timeout.total_seconds()
         if read_only:
             access = readonly.probe(absolute, busy_s, SCHEMA_VERSION)
@@ -229,9 +237,10 @@ class SqliteCheckpointer(StoreBase):
                 _OPENING,
                 max_json_size,
                 clock_skew_tolerance,
+                access,
             )
         database = Database(absolute, clock, busy_s, synchronous.upper())
-        store = cls(database, _OPENING, max_json_size, clock_skew_tolerance)
+        store = cls(database, _OPENING, max_json_size, clock_skew_tolerance, access)
         try:
             database.setup(
                 lambda conn: sql.migrate(
@@ -402,6 +411,7 @@ class SqliteCheckpointer(StoreBase):
         (
             current, next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id,
             latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,
+            *thread_stamp,
         ) = conn.execute(sql.COMMIT_READ, (thread_id,)).fetchone() or _NO_THREAD
         cp = commit.checkpoint
         top = latest_position or 0  # the latest's position; 0 for an empty history
@@ -438,6 +448,10 @@ class SqliteCheckpointer(StoreBase):
         if now_us is None:
             now_us = self._now_us()
         self._skew.saw("commit", thread_id, latest_run_id, updated_at, now_us)
+        if cp is not None:
+            stamp = commit.stamp or _UNSTAMPED
+        else:
+            stamp = access.log_stamp(conn, self._access, thread_id, latest_graph_id, latest_position, thread_stamp)
         writes = commit.pending_writes
         first_pending = n_pending
         if cp is not None:
@@ -460,19 +474,22 @@ class SqliteCheckpointer(StoreBase):
                 origin_parent = cp.origin_parent
         if writes:
             conn.executemany(
-                sql.PUT_PENDING, [(thread_id, first_pending + index, w.text) for index, w in enumerate(writes)]
+                sql.PUT_PENDING,
+                [(thread_id, first_pending + index, w.text, *stamp) for index, w in enumerate(writes)],
             )
             n_pending += len(writes)
         records = []
         if commit.events:
             rows = []
             for event in commit.events:
-                rows.append((thread_id, next_seq, now_us, event.text(next_seq)))
+                rows.append((thread_id, next_seq, now_us, event.text(next_seq), *stamp))
                 records.append(event.record(next_seq))
                 next_seq += 1
             conn.executemany(sql.INSERT_EVENT, rows)
         if commit.effects:
-            conn.executemany(sql.INSERT_EFFECT, [(thread_id, effect.key, effect.text) for effect in commit.effects])
+            conn.executemany(
+                sql.INSERT_EFFECT, [(thread_id, effect.key, effect.text, *stamp) for effect in commit.effects]
+            )
         if commit.metadata:
             merged = {**codec.decode_metadata(metadata_text, thread_id), **commit.metadata}
             metadata_text = codec.encode_metadata(merged)
@@ -486,7 +503,8 @@ class SqliteCheckpointer(StoreBase):
             sql.COMMIT_WRITE,
             (
                 next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id, latest_position,
-                latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent, thread_id,
+                latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,
+                *(stamp if cp is not None else thread_stamp), thread_id,
             ),
         )
         return records
@@ -500,7 +518,8 @@ class SqliteCheckpointer(StoreBase):
         assert cp is not None
         return conn.execute(
             sql.INSERT_CHECKPOINT,
-            (thread_id, position, cp.id, cp.run_id, 1 if cp.settled else 0, now_us, seq_mark, cp.text),
+            (thread_id, position, cp.id, cp.run_id, 1 if cp.settled else 0, now_us, seq_mark, cp.text,
+             *(commit.stamp or _UNSTAMPED)),
         ).rowcount == 1
 
     # -- reads -------------------------------------------------------------------------------------------------------
@@ -688,6 +707,41 @@ class SqliteCheckpointer(StoreBase):
         rows = self._db.fetch_all("incomplete", None, *statement)
         summaries = [self._summary(row, now) for row in rows]
         return ThreadPage.of([s for s in summaries if s.status is ThreadStatus.IDLE], limit)
+
+    # -- access (README "Access schemas"; the statements in persistence/sqlite/access.py) --------------------------
+
+    def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
+        return self._db.write("stamp_thread", thread_id, access.stamp_thread, self._access, thread_id, fence)
+
+    def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
+        rows = self._db.fetch_all("graph_threads", None, sql.GRAPH_THREADS, (graph_id, after or "", limit))
+        return [row[0] for row in rows]
+
+    def _token_high_water(self) -> int:
+        rows = self._db.fetch_all("token_high_water", None, sql.TOKEN_HIGH_WATER, ())
+        return int(rows[0][0]) if rows else 0
+
+    def _heartbeat(self, group: str, member: str, serves: tuple[str, ...], ttl: timedelta) -> None:
+        now = self._db.now()
+        expires_us = to_micros(_expiry("ttl", now, ttl))
+        self._db.write("heartbeat", None, access.heartbeat, group, member, serves, to_micros(now), expires_us)
+
+    def _members(self, group: str) -> list[Member]:
+        rows = self._db.fetch_all("members", None, sql.MEMBERS, (group, self._now_us()))
+        return access.members(rows)
+
+    def _stamped_history(self, thread_id: str, limit: int, before: str | None) -> tuple[str | None, list[Any]]:
+        return self._db.read("tenant_history", thread_id, access.stamped_history, thread_id, limit, before)
+
+    def _stamped_events(self, thread_id: str, after_seq: int, limit: int) -> tuple[str | None, list[Any]]:
+        return self._db.read("tenant_events_after", thread_id, access.stamped_events, thread_id, after_seq, limit)
+
+    def _tenant_threads(self, tenant_id: str | None, after: str | None, limit: int) -> list[str]:
+        rows = self._db.fetch_all("export_tenant", None, sql.TENANT_THREADS, (tenant_id, after or "", limit))
+        return [row[0] for row in rows]
+
+    def _stamped_thread(self, thread_id: str) -> Any:
+        return self._db.read("export_tenant", thread_id, access.stamped_thread, thread_id)
 
 
 __all__ = [

@@ -24,6 +24,7 @@ import pytest
 
 from threadloom.persistence.base import Checkpointer
 from threadloom.testing.contract._support import Writer, expect, snapshot, sweep_all, valid_call
+from threadloom.testing.contract.access import AccessContract
 from threadloom.testing.contract.claims import ClaimsContract
 from threadloom.testing.contract.commits import CommitsContract
 from threadloom.testing.contract.deletes import DeletesContract
@@ -44,6 +45,7 @@ class CheckpointerContract(
     RetentionContract,
     RegistryContract,
     StorageContract,
+    AccessContract,
 ):
     """Every store's contract tests.
 

@@ -319,6 +319,14 @@ def valid_call(method: str, harness: StoreHarness, writer: Writer) -> Callable[[
         "sweep": lambda s: s.sweep(SweepPolicy(), None),
         "threads": lambda s: s.threads(ThreadQuery(tenant_id=None)),
         "incomplete": lambda s: s.incomplete(None, limit=10),
+        "stamp_thread": lambda s: s.stamp_thread(tid),
+        "graph_threads": lambda s: s.graph_threads("default", limit=10),
+        "token_high_water": lambda s: s.token_high_water(),
+        "heartbeat": lambda s: s.heartbeat("g#access", "m", ["default@a1"], harness.tick),
+        "members": lambda s: s.members("g#access"),
+        "tenant_history": lambda s: s.tenant_history(tid, None, limit=10),
+        "tenant_events_after": lambda s: s.tenant_events_after(tid, None, 0, 10),
+        "export_tenant": lambda s: s.export_tenant(None, limit=10),
     }
     return calls[method]
 
