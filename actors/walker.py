@@ -80,7 +80,8 @@ WALK_METRICS: tuple[MetricSpec, ...] = (
         kind="histogram",
         help="The share of its time an access walker may spend stamping, observed once a second.",
         labels=("graph_id",),
-        buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+        # the attrs mypy plugin types the optional(tuple) converter's argument oddly; the value is a tuple
+        buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),  # type: ignore[arg-type]
     ),
     MetricSpec(
         name=WALK_PRESSED,
