@@ -380,3 +380,49 @@ def test_postgres_takeover_of_a_paused_walker() -> None:
             store.close()
     finally:
         harness.cleanup()
+
+
+def test_the_readme_access_walks_example_runs_as_written(tmp_path: Any) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("\n## Access walks\n")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    [block] = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    done = subprocess.run(
+        [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "{} None"
+    assert (tmp_path / "agents.db").exists()
+
+
+def test_a_refused_bulkhead_slot_presses_the_pace_and_the_thread_is_stamped_again() -> None:
+    clock = ManualClock(T0)
+    store = InMemoryCheckpointer(clock, access=NEW)
+    ids = fill(store, 3)
+    told: list[Any] = []
+    w = walker(store, clock, "a", told)
+    assert w.step() == 0.0  # claimed
+    bulkhead = store.history_bulkhead
+    taken = 0
+    while bulkhead.try_enter():  # every slot taken by other history reads
+        taken += 1
+    refused = bulkhead.refused
+    delay = w.step()
+    assert delay is not None and delay > 0
+    assert bulkhead.refused == refused + 1 and store.pressed()
+    assert w._page and w._page[0] == ids[0]  # noqa: SLF001 - not stamped: read again
+    for _ in range(taken):
+        bulkhead.leave()
+    clock.advance(timedelta(seconds=1))  # a second later the pace reads the press and halves its share
+    w.step()
+    reports = [m for m in told if isinstance(m, WalkPaceReport)]
+    assert reports[-1].pressed and reports[-1].share == pytest.approx(FAST.walk_share / 2)
+    assert w._page[0] == ids[1]  # noqa: SLF001 - the refused thread was stamped this time
+    run_steps(w, clock, lambda: False)
+    assert_all_current(store, ids)
+    store.close()
