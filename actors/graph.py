@@ -140,11 +140,8 @@ def _effect_call(fn: Any) -> Callable[[str], Any]:
     required = [p for p in parameters if p.default is p.empty and p.kind in (*positional, p.KEYWORD_ONLY)]
     if len(required) == 1 and required[0].kind in positional:
         return lambda key: fn(key)
-    if (
-        len(required) == 1
-        and required[0].name == "idempotency_key"
-        or not required
-        and any(p.name == "idempotency_key" and p.kind is not p.POSITIONAL_ONLY for p in parameters)
+    if len(required) == 1 and required[0].name == "idempotency_key" or not required and any(
+        p.name == "idempotency_key" and p.kind is not p.POSITIONAL_ONLY for p in parameters
     ):
         return lambda key: fn(idempotency_key=key)
     if not required:

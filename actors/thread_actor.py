@@ -762,10 +762,7 @@ class ThreadRun:
             return
         if deleted:
             self._log.info(
-                "retention.applied",
-                op="delete_thread",
-                token=self.token,
-                deleted=len(deleted),
+                "retention.applied", op="delete_thread", token=self.token, deleted=len(deleted),
                 duration_ms=self._ms(started),
             )
 
