@@ -426,3 +426,64 @@ def test_a_refused_bulkhead_slot_presses_the_pace_and_the_thread_is_stamped_agai
     run_steps(w, clock, lambda: False)
     assert_all_current(store, ids)
     store.close()
+
+
+OLD_NODE = """
+import sys, time
+from datetime import timedelta
+from threadloom.actors.policies import ClaimPolicy
+from threadloom.actors.runtime import GraphRuntime
+from threadloom.domain.access import AccessAttribute, AccessSchema, AccessSchemas, AccessStampOptions
+from threadloom.persistence.sqlite import SqliteCheckpointer
+
+access = AccessSchemas([AccessSchema("g", (AccessAttribute("region", "metadata", "region"),))])
+store = SqliteCheckpointer.open(sys.argv[1], access=access)
+slow = AccessStampOptions(interval=timedelta(milliseconds=200), walk_batch=2, walk_share=1.0, walk_rate=4.0)
+rt = GraphRuntime(store, node_id="old", claim_policy=ClaimPolicy(ttl=timedelta(seconds=1.5)), access_options=slow)
+while True:
+    record = rt.walks().get("g")
+    if record is not None and record.count > 0:
+        print("walking", flush=True)
+        break
+    time.sleep(0.05)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_rolling_deployment_across_processes_with_the_old_node_killed_mid_walk(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "walks.db"
+    writer = SqliteCheckpointer.open(path)
+    ids = fill(writer, 30)
+    old = subprocess.Popen(
+        [sys.executable, "-c", OLD_NODE, str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert old.stdout is not None
+        for line in old.stdout:  # its unconfigured log lines come first
+            if line.strip() == "walking":
+                break
+        else:
+            raise AssertionError("the old node never walked")
+        store = SqliteCheckpointer.open(path, access=NEW)
+        old_hash, new_hash = OLD.for_graph(GRAPH).hash, NEW.for_graph(GRAPH).hash
+        with runtime(store, "new") as rt:
+            wait_for(lambda: rt.walks().get(GRAPH), what="the old walk's record")
+            time.sleep(0.8)
+            seen = rt.walks()[GRAPH]
+            assert seen.schema == old_hash and not seen.completed  # the old node walks; the new one waits
+            old.send_signal(signal.SIGKILL)  # killed mid-walk: its lease and membership are left to expire
+            old.wait(10)
+            record = wait_for(lambda: completed(rt, new_hash), what="the new walk")
+        assert record.count == 30
+        assert_all_current(store, ids)
+        store.close()
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait(10)
+        writer.close()
