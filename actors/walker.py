@@ -308,8 +308,9 @@ class Walker(pykka.ThreadingActor):
         except StaleClaim as error:
             self._deposed(error)
             return self._retry_s
-        except (CheckpointConflict, InvalidCommit) as error:  # the record moved under a lease we no longer hold
+        except (CheckpointConflict, InvalidCommit) as error:  # the record moved: the lease is not ours any more
             self._deposed(error)
+            self._give_up_lease()  # (a release with a token that lost the lease changes nothing)
             return self._retry_s
         except ProcessingError as error:
             if error.operation == "walk":  # the stored record does not decode: asked again every interval
@@ -324,8 +325,9 @@ class Walker(pykka.ThreadingActor):
 
     def _deposed(self, error: BaseException) -> None:
         self._log.warning("access.deposed", token=self._token, error=describe(error))
-        self._token = None
         self._page.clear()
+        if not isinstance(error, (CheckpointConflict, InvalidCommit)):
+            self._token = None
 
     def _give_up_lease(self) -> None:
         token, self._token = self._token, None
