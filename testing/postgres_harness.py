@@ -499,12 +499,12 @@ class PgHarness(StoreHarness):
 
     def open_pg(self, **changes: Any) -> PostgresCheckpointer:
         """A :class:`PostgresCheckpointer` on this harness's schema, closed by :meth:`cleanup`."""
-        store = PostgresCheckpointer.open(self.dsn, self.config(**changes))
+        store = PostgresCheckpointer.open(self.dsn, self.config(**changes), access=self.access)
         self._opened.append(store)
         return store
 
     def _open(self) -> Checkpointer:
-        return PostgresCheckpointer.open(self.dsn, self.config())
+        return PostgresCheckpointer.open(self.dsn, self.config(), access=self.access)
 
     def _remove(self) -> None:
         _dropper.submit(self.dsn, self.schema)
@@ -517,7 +517,8 @@ class PgPairHarness(PgHarness):
 
     def _open(self) -> Checkpointer:
         return AlternatingCheckpointer(
-            PostgresCheckpointer.open(self.dsn, self.config()), PostgresCheckpointer.open(self.dsn, self.config())
+            PostgresCheckpointer.open(self.dsn, self.config(), access=self.access),
+            PostgresCheckpointer.open(self.dsn, self.config(), access=self.access),
         )
 
 
@@ -537,7 +538,7 @@ class PgCallerPoolHarness(PgHarness):
 
         pool = ConnectionPool(self.dsn, min_size=1, max_size=self.max_size, open=True, timeout=10)
         self._pools.append(pool)
-        return PostgresCheckpointer.create(pool, self.config())
+        return PostgresCheckpointer.create(pool, self.config(), access=self.access)
 
     def _remove(self) -> None:
         for pool in self._pools:

@@ -350,8 +350,8 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
     # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
-    # 6: queue refunds
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    # 6: queue refunds; 7: access stamps
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -386,7 +386,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     }
     assert sorted(files) == [
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
-        "0005_retract_parent.sql", "0006_queue_refunds.sql",
+        "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
@@ -413,7 +413,7 @@ REPLACED_FORMS = {
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:
@@ -486,9 +486,10 @@ def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: Pg
                     p_thread text, p_token bigint, p_fence text, p_fence_token bigint, p_cp_id text, p_cp_parent text,
                     p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text, p_cp_origin text,
                     p_cp_body text, p_retract boolean, p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[],
-                    p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, OUT first_seq bigint,
+                    p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, p_access_schema text,
+                    p_access_tenant text, p_access_attrs jsonb, OUT first_seq bigint,
                     OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
-                    OUT latest text)
+                    OUT latest text, OUT graph text, OUT stamp text)
                 LANGUAGE plpgsql AS $$ BEGIN current := p_token; duplicate := false; END $$"""
         )
     with pytest.raises(StoreCorrupt) as caught:

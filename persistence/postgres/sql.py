@@ -49,8 +49,8 @@ CURRENT_CLAIM = (
     "WHERE thread_id = %s AND claim_token IS NOT NULL"
 )
 COMMIT = (
-    "SELECT first_seq, current, fence_current, base, duplicate, latest FROM {s}.tl_commit("
-    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    "SELECT first_seq, current, fence_current, base, duplicate, latest, graph, stamp FROM {s}.tl_commit("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
 )
 """Answers the first event number when applied, else NULL and what each commit check read (functions/commit.sql)."""
 DELETE = "SELECT code, n FROM {s}.tl_delete(%s, %s, %s, %s)"
@@ -161,7 +161,10 @@ REGISTRY_COLUMNS = (
 )
 """What a registry row reads; liveness is judged by the database clock when the statement arrives."""
 
-REGISTRY_ROOTS = "t.tenant_key = %s AND t.latest_id IS NOT NULL AND t.origin_parent IS NULL"
+REGISTRY_ROOTS = (
+    "t.tenant_key = %s AND t.latest_id IS NOT NULL AND t.origin_parent IS NULL"
+    " AND t.graph_id IS DISTINCT FROM 'threadloom.access-walk'"
+)
 
 _UNCLAIMED = "NOT t.deleting AND NOT coalesce(t.claim_expires > statement_timestamp(), false)"
 
@@ -176,3 +179,66 @@ REGISTRY_BRANCHES = {
 """One disjoint branch per registry status (the values of ``ThreadStatus``), each ordered by its own index:
 the status index for the four checkpoint statuses, ``threads_claimed`` for RUNNING, ``threads_deleting`` for
 DELETED. Each reads at most ``limit + 1`` rows it returns, plus the rows of its index another status took."""
+
+
+# -- access stamps (README "Access schemas"; functions/access.sql) -----------------------------------------------
+
+STAMP = "SELECT code, fence_current, changed FROM {s}.tl_stamp(%s, %s, %s, %s, %s, %s, %s::jsonb)"
+HEARTBEAT = "SELECT {s}.tl_heartbeat(%s, %s, %s::jsonb, %s)"
+
+STAMP_SOURCE = """
+SELECT t.graph_id, t.latest_pos, c.body FROM {s}.threads t
+LEFT JOIN {s}.checkpoints c ON c.thread_id = t.thread_id AND c.pos = t.latest_pos
+WHERE t.thread_id = %s
+"""
+"""The thread's graph kind, latest position and latest checkpoint (what stamp_thread derives from)."""
+
+GRAPH_THREADS = "SELECT thread_id FROM {s}.threads WHERE graph_id = %s AND thread_id > %s ORDER BY thread_id LIMIT %s"
+
+TENANT_THREADS = """
+SELECT thread_id FROM {s}.threads
+WHERE tenant_key = %s AND latest_id IS NOT NULL AND thread_id > %s
+  AND graph_id IS DISTINCT FROM 'threadloom.access-walk'
+ORDER BY thread_id LIMIT %s
+"""
+
+TOKEN_HIGH_WATER = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {s}.tokens"
+
+MEMBERS = """
+SELECT member, serves::text, expires_at FROM {s}.access_members
+WHERE grp = %s AND expires_at > statement_timestamp() ORDER BY member
+"""
+
+
+STAMPED_HISTORY = """
+SELECT t.graph_id, ARRAY(SELECT ARRAY[c.body, c.access_schema, c.access_tenant, c.access_attrs::text]
+                         FROM {s}.checkpoints c WHERE c.thread_id = t.thread_id ORDER BY c.pos DESC LIMIT %s)
+FROM {s}.threads t WHERE t.thread_id = %s
+"""
+
+STAMPED_HISTORY_BEFORE = """
+SELECT (SELECT t.graph_id FROM {s}.threads t WHERE t.thread_id = b.thread_id),
+       ARRAY(SELECT ARRAY[c.body, c.access_schema, c.access_tenant, c.access_attrs::text] FROM {s}.checkpoints c
+             WHERE c.thread_id = b.thread_id AND c.pos < b.pos ORDER BY c.pos DESC LIMIT %s)
+FROM {s}.checkpoints b WHERE b.thread_id = %s AND b.id = %s
+"""
+
+STAMPED_EVENTS = """
+SELECT t.first_seq, t.floor, (SELECT m.mark FROM {s}.meta m WHERE m.id = 1), t.graph_id,
+       ARRAY(SELECT ARRAY[e.body, e.access_schema, e.access_tenant, e.access_attrs::text] FROM {s}.events e
+             WHERE e.thread_id = %s AND e.seq > %s ORDER BY e.seq LIMIT %s)
+FROM (SELECT 1) AS one LEFT JOIN {s}.threads t ON t.thread_id = %s
+"""
+
+STAMPED_THREAD = """
+SELECT t.graph_id,
+       ARRAY(SELECT ARRAY[c.body, c.access_schema, c.access_tenant, c.access_attrs::text]
+             FROM {s}.checkpoints c WHERE c.thread_id = t.thread_id ORDER BY c.pos),
+       ARRAY(SELECT ARRAY[p.body, p.access_schema, p.access_tenant, p.access_attrs::text]
+             FROM {s}.pending_writes p WHERE p.thread_id = t.thread_id ORDER BY p.idx),
+       ARRAY(SELECT ARRAY[e.body, e.access_schema, e.access_tenant, e.access_attrs::text]
+             FROM {s}.events e WHERE e.thread_id = t.thread_id ORDER BY e.seq),
+       ARRAY(SELECT ARRAY[f.body, f.access_schema, f.access_tenant, f.access_attrs::text]
+             FROM {s}.effects f WHERE f.thread_id = t.thread_id ORDER BY f.key)
+FROM {s}.threads t WHERE t.thread_id = %s
+"""

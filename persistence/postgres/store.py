@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from threadloom.domain import rules
+from threadloom.domain.access import AccessSchemas
 from threadloom.domain.clock import duration_micros
 from threadloom.domain.errors import (
     CancelledError,
@@ -69,11 +70,13 @@ from threadloom.domain.values import (
     ThreadQuery,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.access import check_access
 from threadloom.persistence.base import StoreBase, ask_guard
 from threadloom.persistence.check import CheckReport
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
+from threadloom.persistence.postgres.access import ACCESS_STATEMENTS, PostgresAccess
 from threadloom.persistence.postgres.calls import ConnectFailures, Database, as_utc
 from threadloom.persistence.postgres.check import check as check_store
 from threadloom.persistence.postgres.config import (
@@ -99,7 +102,7 @@ _SEQ_ZERO = '{"seq":0,'
 _STATEMENTS = (
     "CLAIM", "RENEW", "RELEASE", "CURRENT_CLAIM", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST",
     "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN",
-    "SWEEP_PAGE",
+    "SWEEP_PAGE", *ACCESS_STATEMENTS,
 )  # fmt: skip
 
 
@@ -119,7 +122,7 @@ def _check_config(config: Any) -> PostgresCheckpointerConfig:
     return config
 
 
-class PostgresCheckpointer(StoreBase):
+class PostgresCheckpointer(PostgresAccess, StoreBase):
     """The store contract in a PostgreSQL schema, shared by every store over it.
 
     Build it with :meth:`open` (a pool of its own) or :meth:`create` (the caller's pool); safe to call from any
@@ -150,9 +153,9 @@ class PostgresCheckpointer(StoreBase):
         queue: the store's durable run queue, in the same schema: its open entries' runs survive retention.
     """
 
-    def __init__(self, db: Database, *, target: str) -> None:
+    def __init__(self, db: Database, *, target: str, access: AccessSchemas | None = None) -> None:
         """Internal: use :meth:`open` or :meth:`create`."""
-        super().__init__(max_json_size=db.config.max_json_size)
+        super().__init__(max_json_size=db.config.max_json_size, access=access)
         from psycopg.types.json import Jsonb
 
         self._db = db
@@ -174,7 +177,9 @@ class PostgresCheckpointer(StoreBase):
     # -- construction ------------------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, conninfo: str, config: PostgresCheckpointerConfig | None = None) -> PostgresCheckpointer:
+    def open(
+        cls, conninfo: str, config: PostgresCheckpointerConfig | None = None, *, access: AccessSchemas | None = None
+    ) -> PostgresCheckpointer:
         """Opens a store over a connection pool of its own, creating or migrating the schema.
 
         Args:
@@ -185,6 +190,8 @@ class PostgresCheckpointer(StoreBase):
                 store's ``repr`` (which show only ``user@host:port/dbname``), and a string libpq cannot parse is
                 refused before any connection is tried, without showing any of it.
             config: schema, pool sizes and timeouts; ``PostgresCheckpointerConfig()`` by default.
+            access: the access schemas this store stamps every commit's rows with and checks tenant-scoped reads
+                against (README "Access schemas"); default: none declared (every graph kind tenant-only).
 
         Returns:
             The open store; :meth:`close` closes its pool too.
@@ -206,6 +213,7 @@ class PostgresCheckpointer(StoreBase):
         if not isinstance(conninfo, str):
             raise ValidationError("conninfo", (f"must be a str, got {type(conninfo).__name__}",))
         config = _check_config(config)
+        check_access(access)
         libpq.require_psycopg()
         from psycopg_pool import ConnectionPool
 
@@ -262,10 +270,15 @@ class PostgresCheckpointer(StoreBase):
                 f"cannot connect to PostgreSQL at {target} within {config.connect_timeout.total_seconds():g} s "
                 f"({libpq.scrub(secrets, cause)})",
             ) from None
-        return cls._migrated(pool, config, owns_pool=True, secrets=secrets, target=target, failures=failures)
+        return cls._migrated(
+            pool, config, owns_pool=True, secrets=secrets, target=target, failures=failures, access=access
+        )
 
     @classmethod
-    def create(cls, pool: ConnectionPool, config: PostgresCheckpointerConfig | None = None) -> PostgresCheckpointer:
+    def create(
+        cls, pool: ConnectionPool, config: PostgresCheckpointerConfig | None = None, *,
+        access: AccessSchemas | None = None,
+    ) -> PostgresCheckpointer:  # fmt: skip
         """A store over the caller's open ``psycopg_pool.ConnectionPool``, creating or migrating the schema.
 
         The store uses each connection in autocommit mode for the length of a call and restores the mode when
@@ -277,6 +290,7 @@ class PostgresCheckpointer(StoreBase):
             ProcessingError: as for :meth:`open` (its kinds).
         """
         config = _check_config(config)
+        check_access(access)
         libpq.require_psycopg()
         from psycopg_pool import ConnectionPool
 
@@ -291,15 +305,15 @@ class PostgresCheckpointer(StoreBase):
         kwargs = pool.kwargs if isinstance(pool.kwargs, dict) else {}
         secrets = libpq.secrets_of(text, parts, dict(kwargs))
         target = libpq.target_of(parts, secrets)
-        return cls._migrated(pool, config, owns_pool=False, secrets=secrets, target=target)
+        return cls._migrated(pool, config, owns_pool=False, secrets=secrets, target=target, access=access)
 
     @classmethod
     def _migrated(
         cls, pool: ConnectionPool, config: PostgresCheckpointerConfig, *, owns_pool: bool, secrets: tuple[str, ...],
-        target: str, failures: ConnectFailures | None = None,
+        target: str, failures: ConnectFailures | None = None, access: AccessSchemas | None = None,
     ) -> PostgresCheckpointer:  # fmt: skip
         db = Database(pool, config, owns_pool=owns_pool, secrets=secrets, failures=failures)
-        store = cls(db, target=target)
+        store = cls(db, target=target, access=access)
         try:
             migrate(store._db, target)
         except BaseException:
@@ -395,11 +409,14 @@ class PostgresCheckpointer(StoreBase):
                 [effect.key for effect in encoded.effects],
                 [effect.text for effect in encoded.effects],
                 self._jsonb(encoded.metadata) if encoded.metadata else None,
+                *(encoded.stamp or (None, None, None)),
             ),
             write=True,
         )
-        first_seq, current, fence_current, _base, duplicate, latest = rows[0]
+        first_seq, current, fence_current, _base, duplicate, latest, graph, stamp = rows[0]
         if first_seq is not None:
+            if cp is None:
+                self._after_log_commit(thread_id, graph, stamp)
             return [event.record(first_seq + index) for index, event in enumerate(encoded.events)]
         rules.check_commit(
             thread_id,
@@ -593,39 +610,6 @@ class PostgresCheckpointer(StoreBase):
         """
         self._ensure_open("check")
         return check_store(self._db)
-
-    # -- access (README "Access schemas") ---------------------------------------------------------------------------
-    # Interim: the PostgreSQL stamps land in the next commits; until then each access call refuses, nothing written.
-
-    def _not_yet(self, operation: str) -> Any:
-        raise ProcessingError(operation, "access stamps are not built on PostgreSQL yet; nothing was read or written")
-
-    def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
-        return self._not_yet("stamp_thread")  # type: ignore[no-any-return]
-
-    def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
-        return self._not_yet("graph_threads")  # type: ignore[no-any-return]
-
-    def _token_high_water(self) -> int:
-        return self._not_yet("token_high_water")  # type: ignore[no-any-return]
-
-    def _heartbeat(self, group: str, member: str, serves: tuple[str, ...], ttl: timedelta) -> None:
-        self._not_yet("heartbeat")
-
-    def _members(self, group: str) -> Any:
-        return self._not_yet("members")
-
-    def _stamped_history(self, thread_id: str, limit: int, before: str | None) -> Any:
-        return self._not_yet("tenant_history")
-
-    def _stamped_events(self, thread_id: str, after_seq: int, limit: int) -> Any:
-        return self._not_yet("tenant_events_after")
-
-    def _tenant_threads(self, tenant_id: str | None, after: str | None, limit: int) -> list[str]:
-        return self._not_yet("export_tenant")  # type: ignore[no-any-return]
-
-    def _stamped_thread(self, thread_id: str) -> Any:
-        return self._not_yet("export_tenant")
 
     def _close(self) -> None:
         self._listener.stop()

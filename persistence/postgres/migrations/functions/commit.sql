@@ -1,4 +1,4 @@
--- commit (version 5; version 4 checked a retract_turn commit's parent against the newest settled checkpoint
+-- commit (version 7: access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint
 -- instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
@@ -13,6 +13,11 @@
 -- duplicate (the checkpoint id is already in the history, before any cut), latest (the latest id, which pending
 -- writes name when the commit has no checkpoint).
 --
+-- Access stamps (version 7): every row the commit writes, and the thread row, get p_access_* (derived by the
+-- client from the commit's checkpoint); a commit without a checkpoint writes the thread's stamp (its latest
+-- checkpoint's). Answers also graph (the thread's graph kind after the commit) and stamp (the schema the rows were
+-- stamped with), so the client can re-stamp a thread whose latest checkpoint an older schema stamped.
+--
 -- Event texts arrive without their number: each is stored as '{{"seq":<n>,' || text, exactly the text the
 -- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
 -- or re-read by the client.
@@ -21,9 +26,9 @@ CREATE OR REPLACE FUNCTION {s}.tl_commit(
     p_cp_id text, p_cp_parent text, p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text,
     p_cp_origin text, p_cp_body text, p_retract boolean,
     p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[], p_fx_keys text[], p_fx_bodies text[],
-    p_metadata jsonb,
+    p_metadata jsonb, p_access_schema text, p_access_tenant text, p_access_attrs jsonb,
     OUT first_seq bigint, OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
-    OUT latest text)
+    OUT latest text, OUT graph text, OUT stamp text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     r record;
@@ -38,7 +43,8 @@ BEGIN
         PERFORM 1 FROM {s}.threads WHERE thread_id IN (p_thread, p_fence) ORDER BY thread_id FOR UPDATE;
         SELECT claim_token INTO fence_current FROM {s}.threads WHERE thread_id = p_fence;
     END IF;
-    SELECT th.claim_token, th.latest_pos, th.latest_id, th.next_seq, th.next_pos, th.next_pw, th.stamped_at
+    SELECT th.claim_token, th.latest_pos, th.latest_id, th.next_seq, th.next_pos, th.next_pw, th.stamped_at,
+           th.graph_id, th.access_schema, th.access_tenant, th.access_attrs
         INTO r FROM {s}.threads th WHERE th.thread_id = p_thread FOR UPDATE;
     current := r.claim_token;
     latest := r.latest_id;
@@ -61,13 +67,26 @@ BEGIN
         RETURN;
     END IF;
     v_stamp := greatest(clock_timestamp(), r.stamped_at);
+    IF p_cp_id IS NULL THEN  -- the rows carry the latest checkpoint's stamp (none without a checkpoint)
+        graph := r.graph_id;
+        IF r.latest_pos IS NOT NULL THEN
+            p_access_schema := r.access_schema;
+            p_access_tenant := r.access_tenant;
+            p_access_attrs := r.access_attrs;
+        END IF;
+    ELSE
+        graph := p_cp_graph;
+    END IF;
+    stamp := p_access_schema;
     IF p_cp_id IS NOT NULL THEN
         IF p_retract THEN
             DELETE FROM {s}.checkpoints WHERE thread_id = p_thread AND pos > coalesce(v_keep, 0);
         END IF;
         v_pos := r.next_pos;
-        INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body)
-            VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body);
+        INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body,
+                                     access_schema, access_tenant, access_attrs)
+            VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body,
+                    p_access_schema, p_access_tenant, p_access_attrs);
         IF r.next_pw > 1 THEN
             DELETE FROM {s}.pending_writes WHERE thread_id = p_thread;
         END IF;
@@ -78,17 +97,20 @@ BEGIN
         END IF;
     END IF;
     IF v_pws > 0 THEN
-        INSERT INTO {s}.pending_writes (thread_id, idx, body)
-            SELECT p_thread, r.next_pw + u.o - 1, u.b FROM unnest(p_pw_bodies) WITH ORDINALITY AS u(b, o);
+        INSERT INTO {s}.pending_writes (thread_id, idx, body, access_schema, access_tenant, access_attrs)
+            SELECT p_thread, r.next_pw + u.o - 1, u.b, p_access_schema, p_access_tenant, p_access_attrs
+            FROM unnest(p_pw_bodies) WITH ORDINALITY AS u(b, o);
     END IF;
     IF v_events > 0 THEN
-        INSERT INTO {s}.events (thread_id, seq, committed_at, body)
-            SELECT p_thread, r.next_seq + u.o - 1, v_stamp, '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e
+        INSERT INTO {s}.events (thread_id, seq, committed_at, body, access_schema, access_tenant, access_attrs)
+            SELECT p_thread, r.next_seq + u.o - 1, v_stamp, '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e,
+                   p_access_schema, p_access_tenant, p_access_attrs
             FROM unnest(p_ev_bodies) WITH ORDINALITY AS u(e, o);
     END IF;
     IF coalesce(cardinality(p_fx_keys), 0) > 0 THEN
-        INSERT INTO {s}.effects (thread_id, key, body)
-            SELECT p_thread, u.k, u.b FROM unnest(p_fx_keys, p_fx_bodies) AS u(k, b)
+        INSERT INTO {s}.effects (thread_id, key, body, access_schema, access_tenant, access_attrs)
+            SELECT p_thread, u.k, u.b, p_access_schema, p_access_tenant, p_access_attrs
+            FROM unnest(p_fx_keys, p_fx_bodies) AS u(k, b)
             ON CONFLICT DO NOTHING;
     END IF;
     IF p_cp_id IS NOT NULL THEN
@@ -97,7 +119,8 @@ BEGIN
             stamped_at = v_stamp, updated_at = v_stamp,
             metadata = CASE WHEN p_metadata IS NULL THEN metadata ELSE metadata || p_metadata END,
             latest_pos = v_pos, latest_id = p_cp_id, latest_run_id = p_cp_run, latest_status = p_cp_status,
-            tenant_id = p_cp_tenant, graph_id = p_cp_graph, origin_parent = p_cp_origin
+            tenant_id = p_cp_tenant, graph_id = p_cp_graph, origin_parent = p_cp_origin,
+            access_schema = p_access_schema, access_tenant = p_access_tenant, access_attrs = p_access_attrs
             WHERE thread_id = p_thread;
     ELSIF p_metadata IS NOT NULL THEN
         UPDATE {s}.threads SET
