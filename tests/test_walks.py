@@ -434,10 +434,10 @@ from datetime import timedelta
 from threadloom.actors.policies import ClaimPolicy
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.domain.access import AccessAttribute, AccessSchema, AccessSchemas, AccessStampOptions
-from threadloom.persistence.sqlite import SqliteCheckpointer
+from threadloom.persistence import open_store
 
 access = AccessSchemas([AccessSchema("g", (AccessAttribute("region", "metadata", "region"),))])
-store = SqliteCheckpointer.open(sys.argv[1], access=access)
+store = open_store(sys.argv[1], access=access)
 slow = AccessStampOptions(interval=timedelta(milliseconds=200), walk_batch=2, walk_share=1.0, walk_rate=4.0)
 rt = GraphRuntime(store, node_id="old", claim_policy=ClaimPolicy(ttl=timedelta(seconds=1.5)), access_options=slow)
 while True:
@@ -451,16 +451,27 @@ time.sleep(600)
 
 
 @pytest.mark.slow
-def test_rolling_deployment_across_processes_with_the_old_node_killed_mid_walk(tmp_path: Any) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_rolling_deployment_across_processes_with_the_old_node_killed_mid_walk(kind: str, tmp_path: Any) -> None:
     import signal
     import subprocess
     import sys
 
-    path = tmp_path / "walks.db"
-    writer = SqliteCheckpointer.open(path)
+    from threadloom.persistence import open_store
+
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'walks.db'}"
+        cleanup: Callable[[], None] = lambda: None  # noqa: E731
+    else:
+        from threadloom.testing.postgres_harness import PgHarness
+
+        harness = PgHarness()
+        url = f"{harness.dsn}{'&' if '?' in harness.dsn else '?'}schema={harness.schema}"
+        cleanup = harness.cleanup
+    writer = open_store(url)
     ids = fill(writer, 30)
     old = subprocess.Popen(
-        [sys.executable, "-c", OLD_NODE, str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        [sys.executable, "-c", OLD_NODE, url], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
     try:
         assert old.stdout is not None
@@ -469,7 +480,7 @@ def test_rolling_deployment_across_processes_with_the_old_node_killed_mid_walk(t
                 break
         else:
             raise AssertionError("the old node never walked")
-        store = SqliteCheckpointer.open(path, access=NEW)
+        store = open_store(url, access=NEW)
         old_hash, new_hash = OLD.for_graph(GRAPH).hash, NEW.for_graph(GRAPH).hash
         with runtime(store, "new") as rt:
             wait_for(lambda: rt.walks().get(GRAPH), what="the old walk's record")
@@ -487,3 +498,4 @@ def test_rolling_deployment_across_processes_with_the_old_node_killed_mid_walk(t
             old.kill()
             old.wait(10)
         writer.close()
+        cleanup()
