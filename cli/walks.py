@@ -133,27 +133,23 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
         console=state.out,
     )
     tasks: dict[str, Any] = {}
+    totals: dict[str, tuple[str | None, int]] = {}  # graph id -> (schema, threads) counted once per walk
     with progress:
         while True:
             rows = walk_rows(store, group, graphs)
             for row in rows:
-                total = (
-                    row["count"] + remaining(store, row["graph_id"], row["cursor"])
-                    if not row["completed"]
-                    else row["count"]
-                )
+                graph_id, count = row["graph_id"], row["count"]
+                known = totals.get(graph_id)
+                if known is None or known[0] != row["schema"] or known[1] < count:
+                    total = count if row["completed"] else count + remaining(store, graph_id, row["cursor"])
+                    totals[graph_id] = (row["schema"], total)
+                total = max(totals[graph_id][1], 1)
                 share = "-" if row["share"] is None else f"{row['share']:.3f}"
-                detail = f"schema {row['schema'] or '-'} holder {row['holder'] or '-'} share {share}"
-                if row["graph_id"] not in tasks:
-                    tasks[row["graph_id"]] = progress.add_task(
-                        printable(row["graph_id"]), total=max(total, 1), detail=detail
-                    )
-                progress.update(
-                    tasks[row["graph_id"]],
-                    completed=row["count"] if total else 1,
-                    total=max(total, 1),
-                    detail=printable(detail),
-                )
+                detail = printable(f"schema {row['schema'] or '-'} holder {row['holder'] or '-'} share {share}")
+                if graph_id not in tasks:
+                    tasks[graph_id] = progress.add_task(printable(graph_id), total=total, detail=detail)
+                done = total if row["completed"] else min(count, total)
+                progress.update(tasks[graph_id], completed=done, total=total, detail=detail)
             if rows and all(row["completed"] for row in rows):
                 return
             time.sleep(every)

@@ -110,6 +110,8 @@ def test_walks_lists_the_record_holder_and_members(backend: Backend) -> None:
         follow = run(backend, "walks", "--json", "--follow", "--every", "0.1")
         assert follow.exit_code == 0
         assert json.loads(follow.output.splitlines()[-1])["walks"][0]["completed"] is True
+        bar = run(backend, "walks", "--follow", "--every", "0.1")
+        assert bar.exit_code == 0 and "10/10" in bar.output and HASH in bar.output
     finally:
         rt.close()
         store.close()
