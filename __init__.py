@@ -34,6 +34,13 @@ _EXPORTS: dict[str, str] = {
         ),
         "threadloom.domain.errors",
     ),
+    **dict.fromkeys(
+        (
+            "AccessAttribute", "AccessSchema", "AccessSchemas", "AccessStamp", "AccessStampOptions", "Member",
+            "TenantExportPage", "TenantThread", "WalkRecord",
+        ),
+        "threadloom.domain.access",
+    ),
     "Clock": "threadloom.domain.clock",
     "ManualClock": "threadloom.domain.clock",
     "EntryStatus": "threadloom.domain.queue",
@@ -98,6 +105,17 @@ if TYPE_CHECKING:  # the names as a type checker sees them
     from threadloom.actors.runtime import GraphRuntime
     from threadloom.actors.scheduler import IdFactory, RandomIds, SequentialIds
     from threadloom.actors.subscription import Subscription
+    from threadloom.domain.access import (
+        AccessAttribute,
+        AccessSchema,
+        AccessSchemas,
+        AccessStamp,
+        AccessStampOptions,
+        Member,
+        TenantExportPage,
+        TenantThread,
+        WalkRecord,
+    )
     from threadloom.domain.clock import Clock, ManualClock
     from threadloom.domain.errors import (
         CancelledError,

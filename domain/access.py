@@ -409,13 +409,14 @@ class WalkRecord:
             unknown = set(state) - {"graph_id", "schema", "heads", "cursor", "count", "completed"}
             if unknown:
                 raise ValidationError("walk_record", (f"holds unknown fields {sorted(unknown)}",))
+            fields: Any = state
             return cls(
-                graph_id=state.get("graph_id"),
-                schema=state.get("schema"),
-                heads=state.get("heads"),
-                cursor=state.get("cursor"),
-                count=state.get("count"),
-                completed=state.get("completed"),
+                graph_id=fields.get("graph_id"),
+                schema=fields.get("schema"),
+                heads=fields.get("heads"),
+                cursor=fields.get("cursor"),
+                count=fields.get("count"),
+                completed=fields.get("completed"),
             )
         except ValidationError as error:
             raise ProcessingError(

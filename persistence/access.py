@@ -272,7 +272,7 @@ class AccessStore(AccessContract):
         page = ids[:limit]
         threads = []
         for thread_id in page:
-            parts = self._checked(thread_id, tenant_id, lambda tid=thread_id: self._whole_thread(tid))
+            parts = self._checked(thread_id, tenant_id, self._reader(thread_id))
             threads.append(
                 TenantThread(
                     thread_id=thread_id,
@@ -284,10 +284,14 @@ class AccessStore(AccessContract):
             )
         return TenantExportPage(threads=tuple(threads), next=page[-1] if len(ids) > limit and page else None)
 
+    def _reader(self, thread_id: str) -> Callable[[], tuple[str | None, Stamped[tuple[int, Any]]]]:
+        return lambda: self._whole_thread(thread_id)
+
     def _whole_thread(self, thread_id: str) -> tuple[str | None, Stamped[tuple[int, Any]]]:
         graph_id, checkpoints, pending, events, effects = self._stamped_thread(thread_id)
         rows: Stamped[tuple[int, Any]] = []
-        for kind, part in enumerate((checkpoints, pending, events, effects)):
+        parts: tuple[Any, ...] = (checkpoints, pending, events, effects)
+        for kind, part in enumerate(parts):
             rows.extend(((kind, value), stamp) for value, stamp in part)
         return graph_id, rows
 

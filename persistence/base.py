@@ -209,7 +209,8 @@ class Checkpointer(AccessContract):
         the new checkpoint then following that one; the new checkpoint keeps the ``parent`` it named. The holder
         may commit after expiry until another claim replaces it. The commit's JSON parts are written as their
         constructors validated and encoded them (changing a dict you passed to a constructor afterwards changes
-        nothing that is stored).
+        nothing that is stored). Every row the commit writes carries the access stamp its resulting latest
+        checkpoint derives by this store's schema (README "Access schemas"), written in the same transaction.
 
         Size: each stored record's JSON text - the checkpoint with its state, each pending write with its
         payload, each event with its payload, each effect record with its result - may hold at most the store's

@@ -91,7 +91,8 @@ def open_store(url: str, **options: Any) -> Checkpointer:
             ``clock``, ``busy_timeout``, ``synchronous``, ``read_only`` for SQLite; ``config`` for PostgreSQL
             (``config.create=False``: never create or migrate the schema). Every store takes
             ``max_json_size``, the longest JSON text in characters of one stored record (default 16 MiB; for
-            PostgreSQL it sets ``config.max_json_size``).
+            PostgreSQL it sets ``config.max_json_size``), and ``access``, the node's ``AccessSchemas`` (README
+            "Access schemas"; default: none declared).
 
     Returns:
         The open store (a SQLite file is created and migrated if it does not exist; with ``read_only=True``

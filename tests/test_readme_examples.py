@@ -35,3 +35,13 @@ def test_the_agent_runs_section_runs_as_written(tmp_path: pathlib.Path) -> None:
     ], done.stdout
     assert (tmp_path / "agent.db").exists()
 
+
+
+def test_the_access_schemas_section_runs_as_written(tmp_path: pathlib.Path) -> None:
+    blocks = section_blocks("Access schemas")
+    assert len(blocks) == 1, blocks
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['c1'] []"], done.stdout

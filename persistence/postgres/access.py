@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 from threadloom.domain import rules
 from threadloom.domain.access import WALK_GRAPH_ID, AccessSchemas, Member, StampColumns
 from threadloom.domain.clock import duration_micros
-from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, StoreUnavailable
+from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, StoreUnavailable, ThreadloomError
 from threadloom.persistence import codec
+from threadloom.persistence.logs import get_logger
 from threadloom.persistence.postgres.calls import as_utc
 
 if TYPE_CHECKING:
     from threadloom.domain.values import Checkpoint, EventRecord
+
+_log = get_logger("threadloom.persistence.postgres.access")
 
 ACCESS_STATEMENTS = (
     "STAMP", "HEARTBEAT", "STAMP_SOURCE", "GRAPH_THREADS", "TENANT_THREADS", "TOKEN_HIGH_WATER", "MEMBERS",
@@ -50,10 +53,15 @@ class PostgresAccess:
         """After a commit without a checkpoint: its rows carry the thread's stamp; when that stamp is not of this
         store's schema (an older node committed the latest checkpoint), the thread is stamped at once, in a second
         transaction (meanwhile tenant-scoped reads fail closed on those rows: they stamp first)."""
-        if graph is None or graph == WALK_GRAPH_ID:
+        if graph is None or graph == WALK_GRAPH_ID or stamp == self._access.for_graph(graph).hash:
             return
-        if stamp != self._access.for_graph(graph).hash:
+        try:
             self._stamp_thread(thread_id, None)
+        except ThreadloomError as error:  # the commit applied: its caller must not see it fail
+            _log.warning(
+                "access.stamp_deferred", thread_id=thread_id, error=f"{type(error).__name__}: {error}",
+                note="the rows keep the older schema's stamp until a tenant-scoped read or the walk stamps them",
+            )
 
     def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
         fence_thread, fence_token = fence if fence is not None else (None, None)

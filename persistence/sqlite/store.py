@@ -231,9 +231,9 @@ class SqliteCheckpointer(StoreBase):
         check_access(access)
         busy_s = busy_timeout.total_seconds()
         if read_only:
-            file_access = readonly.probe(absolute, busy_s, SCHEMA_VERSION)
+            probe = readonly.probe(absolute, busy_s, SCHEMA_VERSION)
             return cls(
-                Database(absolute, clock, busy_s, synchronous.upper(), read_only=file_access),
+                Database(absolute, clock, busy_s, synchronous.upper(), read_only=probe),
                 _OPENING,
                 max_json_size,
                 clock_skew_tolerance,
