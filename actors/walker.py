@@ -275,6 +275,9 @@ class Walker(pykka.ThreadingActor):
             return
         self._generation += 1
         generation, ref = self._generation, self.actor_ref
+        if delay <= 0:  # no wait: straight to the mailbox (a stop or another message still comes in between)
+            ref.tell(_Tick(generation))
+            return
 
         def due() -> None:
             try:
