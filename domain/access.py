@@ -13,6 +13,7 @@ Pure: no I/O, no clock, no randomness.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -168,11 +169,12 @@ class AccessStamp:
         return (self.schema, self.tenant_id, self.attributes_text)
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """Canonical JSON text: keys sorted, compact separators, no ASCII escaping."""
-    import json
-
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def _attributes(value: Any) -> tuple[AccessAttribute, ...]:
@@ -240,7 +242,9 @@ class AccessSchema:
         """``derive(checkpoint).columns()``, without building the stamp for a schema of the tenant only."""
         if not self.attributes:
             return (self._hash, checkpoint.tenant_id, "{}")
-        return self.derive(checkpoint).columns()
+        # the values come from a validated checkpoint: JSON already, nothing to check again
+        values = {item.name: item.value_of(checkpoint) for item in self.attributes}
+        return (self._hash, checkpoint.tenant_id, canonical_json(values))
 
 
 def _schemas(value: Any) -> tuple[AccessSchema, ...]:

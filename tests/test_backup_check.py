@@ -294,10 +294,11 @@ DAMAGE: dict[str, tuple[str, str | None, str]] = {
         "UPDATE pending SET body = json_set(body, '$.checkpoint_id', 'c-0') WHERE thread_id = 'c'", "pending", "c",
     ),
     "a tombstone holding a checkpoint": (
-        "INSERT INTO checkpoints SELECT 'gone', position, id, run_id, settled, committed_at, seq_mark, body"
+        "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body)"
+        " SELECT 'gone', position, id, run_id, settled, committed_at, seq_mark, body"
         " FROM checkpoints WHERE thread_id = 'a' AND id = 'a-0'", "tombstone", "gone",
     ),
-    "an effect of no thread": ("INSERT INTO effects VALUES ('ghost', 'k', '{}')", "orphan", "ghost"),
+    "an effect of no thread": ("INSERT INTO effects (thread_id, key, body) VALUES ('ghost', 'k', '{}')", "orphan", "ghost"),
     # Found by a tester: check said sound, then `threads` and `show` failed on the row.
     "a registry row with an unknown status": (
         "UPDATE threads SET latest_status = 'weird' WHERE thread_id = 'b'", "decode", "b",

@@ -123,7 +123,7 @@ _FULL_DISK = textwrap.dedent(
                             ProcessingError, open_store)
 
     mount = sys.argv[1]
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=384k", "tmpfs", mount], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=448k", "tmpfs", mount], check=True)
     with open(os.path.join(mount, "ballast"), "wb") as f:
         f.write(b"x" * 64 * 1024)
     now = datetime.now(timezone.utc)

@@ -906,9 +906,16 @@ def test_reads_use_indexes_not_scans(harness: PgHarness) -> None:
     store.threads(ThreadQuery(tenant_id=None, after=ThreadCursor(updated_at=NOW, thread_id="x1")))
     store.incomplete("acme", limit=10)
     store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=3)), None, after="x5")
+    store.graph_threads("g", after="x5", limit=10)
+    assert [cp.id for cp in store.tenant_history("x8", "acme", limit=10)] == ["c8"]  # the follower stamped it
+    store.tenant_history("x8", "acme", limit=10, before="c8")
+    store.tenant_events_after("x8", "acme", 0, 10)
+    assert len(store.export_tenant("acme", after="x5", limit=3).threads) == 3
+    store.members("g#access")
     store._db.call = original  # noqa: SLF001
     assert {operation for operation, _, _ in captured} >= {
-        "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep"
+        "latest", "history", "children", "events_after", "effect", "lookup_run", "threads", "incomplete", "sweep",
+        "graph_threads", "tenant_history", "tenant_events_after", "export_tenant", "members", "stamp_thread",
     }
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         conn.execute("SET enable_seqscan = off")

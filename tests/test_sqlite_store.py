@@ -666,6 +666,10 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
         "registry15": "threads_registry (latest_tenant=?",
         "registry16": "threads_incomplete (latest_tenant=?)",
         "registry17": "threads_incomplete (latest_tenant=? AND (updated_at,thread_id)>(?,?))",
+        "GRAPH_THREADS": "threads_graph (latest_graph_id=? AND thread_id>?)",
+        "TENANT_THREADS": "threads_tenant (latest_tenant=? AND thread_id>?)",
+        "RESTAMP_EVENTS": "events USING PRIMARY KEY (thread_id=?)",
+        "MEMBERS": "access_members USING PRIMARY KEY (grp=?)",
     }
     for name, fragment in expected.items():
         assert any(fragment in line for line in query_plan(conn, statements[name])), (name, query_plan(conn, statements[name]))
