@@ -32,7 +32,9 @@ from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadS
 from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
 from threadloom.actors.subscription import Subscription, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
+from threadloom.actors.walker import DEFAULT_GROUP, ShareQuery, WalkSetup, WalksQuery, store_access
 from threadloom.domain import validation as v
+from threadloom.domain.access import AccessSchemas, AccessStampOptions, WalkRecord, member_group
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
@@ -98,9 +100,17 @@ class GraphRuntime:
         scheduler: timers, background tasks and waits (default real threads by ``clock``).
         sweep: a periodic retention sweep run by the supervisor (default None: none).
         close_timeout: how long :meth:`close` waits for runs, workers and threads to end (default 10 s).
+        access: the node's access schemas (README "Access walks"); default: the store's (``open_store(url,
+            access=...)``). When given, they must equal the store's: the store stamps with its own. A runtime
+            with declared schemas heartbeats its membership and runs one walker per declared graph kind.
+        access_options: the walks' pace and page options (default ``AccessStampOptions()``: 10 s, 1000, 0.10,
+            100 threads/s).
+        access_group: the walk group: runtimes sharing a store share its walks (default ``"threadloom"``;
+            no ``#``).
         meter: where the runtime's own metrics go (runs started, completed, failed, recovered and taken over,
-            claims lost, the run queue's depth and oldest entry's age while it serves, subscription lag:
-            docs/operations.md "Metrics"); None (default): none are recorded. Store calls are metered by wrapping
+            claims lost, the run queue's depth and oldest entry's age while it serves, subscription lag) and the
+            walkers' (docs/operations.md "Metrics"). None (default): no runtime metrics are recorded, and the
+            walkers' go to the store's ``meter`` when it is a metered store. Store calls are metered by wrapping
             the store in a ``MeteredCheckpointer`` (share the meter to export both).
 
     Raises:
@@ -120,6 +130,9 @@ class GraphRuntime:
         scheduler: Scheduler | None = None,
         sweep: SweepSchedule | None = None,
         close_timeout: timedelta = timedelta(seconds=10),
+        access: AccessSchemas | None = None,
+        access_options: AccessStampOptions | None = None,
+        access_group: str = DEFAULT_GROUP,
         meter: Meter | None = None,
     ) -> None:
         _instance("store", store, Checkpointer)
@@ -165,10 +178,46 @@ class GraphRuntime:
             track_thread=self._track_thread,
             metrics=self.metrics,
         )
-        self._supervisor = self._scheduler.actor_class(Supervisor).start(self._env, queue, sweep)
+        walks = self._walk_setup(store, access, access_options, access_group, meter)
+        self.access = walks.access if walks is not None else access
+        self._walks_on = walks is not None
+        self._supervisor = self._scheduler.actor_class(Supervisor).start(self._env, queue, sweep, walks)
 
     def __repr__(self) -> str:
         return f"GraphRuntime(node_id={self.node_id!r}, store={self.store!r})"
+
+    @staticmethod
+    def _walk_setup(
+        store: Checkpointer,
+        access: AccessSchemas | None,
+        options: AccessStampOptions | None,
+        group: str,
+        meter: Meter | None,
+    ) -> WalkSetup | None:
+        """What this runtime walks (None: nothing declared); validates the access arguments."""
+        member_group(group)  # ValidationError naming "group" for a bad one
+        options = _instance("access_options", options or AccessStampOptions(), AccessStampOptions)
+        if meter is not None:
+            _instance("meter", meter, Meter)
+        else:
+            found = getattr(store, "meter", None)
+            meter = found if isinstance(found, Meter) else None
+        stored = store_access(store)
+        if access is not None:
+            _instance("access", access, AccessSchemas)
+            if stored is not None and stored != access:
+                raise ValidationError(
+                    "access",
+                    (
+                        "must be the store's access schemas (the store stamps with its own); open the "
+                        "store with access=... instead",
+                    ),
+                )
+        else:
+            access = stored
+        if access is None or not access.schemas:
+            return None
+        return WalkSetup(access=access, options=options, group=group, meter=meter)
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -548,6 +597,32 @@ class GraphRuntime:
         """
         self._ensure_open("incomplete")
         return self.store.incomplete(tenant_id, limit=limit, after=after)
+
+    # -- access walks -------------------------------------------------------------------------------------------
+
+    def walks(self) -> dict[str, WalkRecord]:
+        """The walk of each declared graph kind, as this node last read or claimed it (README "Access walks").
+
+        Returns:
+            graph id -> its :class:`~threadloom.domain.access.WalkRecord` (schema, heads, cursor, count,
+            completed); a kind this node has not read a record of yet is missing. Empty without declared schemas.
+            Reads no storage.
+        """
+        self._ensure_open("walks")
+        if not self._walks_on:
+            return {}
+        answer: dict[str, WalkRecord] = self._ask("walks", WalksQuery())
+        return answer
+
+    def share(self, graph_id: str) -> float | None:
+        """The share of its time the walk of ``graph_id`` may take now on this node (``WalkPace.share``, in
+        (0, 1]); None before it walked here. Reads no storage."""
+        v.check_id("graph_id", graph_id)
+        self._ensure_open("share")
+        if not self._walks_on:
+            return None
+        answer: float | None = self._ask("share", ShareQuery(graph_id))
+        return answer
 
     # -- retention --------------------------------------------------------------------------------------------
 

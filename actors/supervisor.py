@@ -26,6 +26,7 @@ from threadloom.actors.policies import SweepSchedule
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec
 from threadloom.actors.scheduler import Cancellable
 from threadloom.actors.thread_actor import BEGIN, ThreadActor
+from threadloom.actors.walker import Walks, WalkSetup
 from threadloom.domain.errors import ProcessingError
 from threadloom.domain.values import SweepPage, SweepPolicy
 from threadloom.persistence.queue import RunQueue
@@ -149,6 +150,7 @@ class Supervisor(pykka.ThreadingActor):
         env: the runtime's environment (store, clock, scheduler, ids, policy).
         queue: the store's run queue, whose open entries' runs the sweep guard protects (None: none).
         sweep: the periodic sweep, or None for none.
+        walks: the access walks to run (membership heartbeats and a walker per declared schema), or None.
 
     Attributes:
         sweep_error: the store failure that stopped the periodic sweep for good (a damaged or closed store),
@@ -157,7 +159,9 @@ class Supervisor(pykka.ThreadingActor):
 
     use_daemon_thread = True  # a host that never calls close() still exits; its claims then expire
 
-    def __init__(self, env: RunEnv, queue: RunQueue | None, sweep: SweepSchedule | None) -> None:
+    def __init__(
+        self, env: RunEnv, queue: RunQueue | None, sweep: SweepSchedule | None, walks: WalkSetup | None = None
+    ) -> None:
         super().__init__()
         self._env = env
         self._queue = queue
@@ -169,6 +173,8 @@ class Supervisor(pykka.ThreadingActor):
         self._timer: Cancellable | None = None
         self._generation = 0
         self._log = _log.bind(node_id=env.node_id)
+        self._walk_setup = walks
+        self.walks: Walks | None = None
 
     # -- lifecycle hooks --------------------------------------------------------------------------------------
 
@@ -176,6 +182,17 @@ class Supervisor(pykka.ThreadingActor):
         """Runs on the supervisor's own thread before its first message: schedules the first sweep."""
         self._env.track_thread(threading.current_thread())
         self._schedule_sweep()
+        if self._walk_setup is not None:
+            ref = self.actor_ref
+
+            def tell(message: Any) -> None:
+                try:
+                    ref.tell(message)
+                except pykka.ActorDeadError:
+                    pass
+
+            self.walks = Walks(self._env, self._walk_setup, tell)
+            self.walks.start()
 
     def on_receive(self, message: Any) -> Any:
         """Runs on the supervisor's own thread, one message at a time."""
@@ -196,6 +213,10 @@ class Supervisor(pykka.ThreadingActor):
         if isinstance(message, _SweepTick):
             self.sweep_tick(message.generation, message.after)
             return None
+        if self.walks is not None:
+            handled, answer = self.walks.receive(message)
+            if handled:
+                return answer
         return super().on_receive(message)
 
     def on_stop(self) -> None:
@@ -203,6 +224,8 @@ class Supervisor(pykka.ThreadingActor):
         still registered (each ends its run and releases its claim in its own ``on_stop``)."""
         self._closing = True
         self._cancel_timer()
+        if self.walks is not None:
+            self.walks.stop(self._env.claim_policy.ttl)
         for run in self.registry.runs():
             try:
                 run.ref.stop(block=True, timeout=self._env.claim_policy.ttl.total_seconds())

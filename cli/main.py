@@ -118,6 +118,10 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
         "threadloom.cli.serve:serve",
         "Work the store's run queue with the given graphs until SIGTERM or Ctrl-C.",
     ),
+    "walks": LazyCommand(
+        "threadloom.cli.walks:walks",
+        "List the access walks per graph kind: schema hash, heads, cursor, count, completed, holder, live share.",
+    ),
     "demo": LazyCommand(
         "threadloom.cli.demo.coordinator:demo",
         "Run the sample agent graph in worker processes, SIGKILL one mid-run, and verify what the store kept.",

@@ -44,6 +44,7 @@ from threadloom.domain.values import (
 from threadloom.persistence.access import ACCESS_OPERATIONS, AccessContract, AccessStore, check_access
 from threadloom.persistence.encoded import EncodedCommit, encode_commit
 from threadloom.persistence.logs import SlowCalls, slow_call_seconds
+from threadloom.persistence.pressure import PRESS_WINDOW, Bulkhead, WritePressure, pool_probe, timed_write
 from threadloom.persistence.queue import QueueBase, RunQueue
 
 
@@ -138,6 +139,12 @@ class Checkpointer(AccessContract):
 
     def __exit__(self, *_exc: Any) -> None:
         self.close()
+
+    def pressed(self, window: timedelta = PRESS_WINDOW) -> bool:
+        """Whether this store's writes were pressed within the last ``window`` (docs/operations.md "Access
+        walks"; :mod:`threadloom.persistence.pressure` defines the signal per store). A store that measures
+        nothing is never pressed. Reads no storage; never raises."""
+        return False
 
     # -- claims --------------------------------------------------------------------------------------------------
 
@@ -406,6 +413,12 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
         write, an event, an effect record) that :meth:`commit` accepts; a longer one is a ``ValidationError``."""
         self._closed = False
         self._close_lock = threading.Lock()
+        self.write_pressure = WritePressure()
+        """The store's pressed signal (:mod:`threadloom.persistence.pressure`); set ``write_pressure.threshold``
+        to change what a slow write call is."""
+        self.history_bulkhead = Bulkhead("history reads", pressure=self.write_pressure)
+        """The bounded bulkhead an access walk's history reads (stamping) run under; a refusal presses the store."""
+        self._probed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -437,6 +450,12 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
         if isinstance(self.queue, QueueBase):
             self.queue._slow_s = self._slow_s
 
+    def pressed(self, window: timedelta = PRESS_WINDOW) -> bool:
+        if not self._probed:  # a pooled store (PostgreSQL) adds its pool's wait statistics
+            self._probed = True
+            self.write_pressure.probe = pool_probe(getattr(self, "pool", None))
+        return self.write_pressure.pressed(window)
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
@@ -446,6 +465,7 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
 
     # -- claims --------------------------------------------------------------------------------------------------
 
+    @timed_write("claim")
     def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:
         v.check_id("thread_id", thread_id)
         _instance("request", request, ClaimRequest)
@@ -457,6 +477,7 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("claim", thread_id, started)
 
+    @timed_write("renew")
     def renew(self, thread_id: str, token: int, ttl: timedelta) -> RunClaim:
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
@@ -468,6 +489,7 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("renew", thread_id, started)
 
+    @timed_write("release")
     def release(self, thread_id: str, token: int) -> None:
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)
@@ -489,6 +511,7 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
 
     # -- commits -------------------------------------------------------------------------------------------------
 
+    @timed_write("commit")
     def commit(self, thread_id: str, commit: Commit) -> list[EventRecord]:
         """:meth:`Checkpointer.commit`: validates and encodes ``commit`` once
         (:func:`~threadloom.persistence.encoded.encode_commit`), then the store writes the encoded texts."""
@@ -604,6 +627,7 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("compact_events", thread_id, started)
 
+    @timed_write("delete_thread")
     def delete_thread(self, thread_id: str, token: int, *, fence: tuple[str, int] | None = None) -> None:
         v.check_id("thread_id", thread_id)
         v.check_int("token", token, low=1)

@@ -123,6 +123,10 @@ class ForwardingCheckpointer(Checkpointer):
         """The inner store's run queue (its calls are not forwarded through this wrapper); None without one."""
         return self._inner.queue if self._inner is not None else None
 
+    def pressed(self, window: timedelta = timedelta(seconds=1)) -> bool:
+        """The inner store's pressed signal (not a forwarded call: never metered); False without one."""
+        return self._inner.pressed(window) if self._inner is not None else False
+
     # -- the contract ----------------------------------------------------------------------------------------------
 
     def claim(self, thread_id: str, request: ClaimRequest) -> RunClaim:

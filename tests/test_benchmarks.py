@@ -84,3 +84,18 @@ def test_runtime_section_reports_supersteps_and_memory_per_live_run(tmp_path):
         assert math.isfinite(row.value) and math.isfinite(row.baseline)
     assert rows[2].value > 0 and rows[2].baseline > 0  # a live run and a stored thread both hold Python objects
     assert "stored thread" in rows[2].baseline_label and "bare Python thread" in rows[3].baseline_label
+
+
+def test_walks_section_reports_live_commits_share_and_walk_speed(tmp_path):
+    bench = _bench_module("bench_walks")
+    benchlib = _bench_module("benchlib")
+    settings = benchlib.Settings(quick=True, workdir=tmp_path, seconds=0.05)
+    rows = bench.run(settings)
+    measures = [row.measure for row in rows]
+    assert measures[:2] == ["live commits/s, walk at share 0.1", "commit p99, walk at share 0.1"]
+    assert measures[2].startswith("walk's measured share") and measures[3] == "walk threads/s at share 1.0"
+    assert len(rows) in (4, 8)  # PostgreSQL's rows too when THREADLOOM_BENCH_PG names a server
+    for row in rows:
+        assert row.value > 0 and row.baseline > 0
+    assert 0 < rows[2].value <= 1.0 and rows[2].baseline == 0.1
+    assert list(tmp_path.iterdir()) == []  # the benchmark removes its files

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from threadloom.actors.graph import RUN_EVENTS
 from threadloom.actors.metrics import RUNTIME_METRICS
+from threadloom.actors.walker import WALK_METRICS
 from threadloom.cli.main import LAZY_COMMANDS
 from threadloom.persistence.metrics.metered import STORE_METRICS
 from threadloom.persistence.metrics.metered_queue import QUEUE_METRICS
@@ -17,7 +18,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_every_metric_and_run_event_type_is_in_the_operator_docs() -> None:
-    missing = [spec.name for spec in (*STORE_METRICS, *QUEUE_METRICS, *RUNTIME_METRICS) if f"`{spec.name}`" not in OPERATIONS]
+    metrics = (*STORE_METRICS, *QUEUE_METRICS, *RUNTIME_METRICS, *WALK_METRICS)
+    missing = [spec.name for spec in metrics if f"`{spec.name}`" not in OPERATIONS]
     assert missing == []
     assert [kind for kind in sorted(RUN_EVENTS) if f"`{kind}`" not in OPERATIONS] == []
 

@@ -1,0 +1,216 @@
+"""``threadloom walks``: the access walks of a store, per graph kind (README "Access walks").
+
+For each graph kind it prints the walk record kept in the store - schema hash, heads, cursor, count, completed -
+the walk lease's live holder (its expiry judged by this machine's clock), and the live share: the share the
+holder's pace allowed when it recorded its last page (known only while a live holder walks; ``-`` otherwise).
+The graph kinds listed are those the live members of the walk group serve, plus each ``--graph`` given: a kind
+whose every node stopped is listed only by ``--graph``. With ``--follow`` a progress bar per kind shows the
+count against the kind's threads, until every listed walk is completed or Ctrl-C. The store is only read (a
+SQLite file is opened read-only).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.table import Table
+
+from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
+from threadloom.cli.output import CliError, CliState, json_text, new_table, printable, state_of
+from threadloom.domain import validation as v
+from threadloom.domain.errors import ProcessingError, ThreadloomError
+
+COUNT_CAP = 100_000
+"""``--follow`` counts a kind's threads after the cursor up to this many (the bar's total is then a floor)."""
+COUNT_PAGE = 1000
+"""Thread ids per read while counting."""
+
+
+def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per graph kind (sorted by graph id): the record, the live holder, the live share, the members.
+
+    Raises:
+        ProcessingError: the store failed, or a walk record does not decode (naming the walk).
+    """
+    from threadloom.domain.access import WalkRecord, member_group, walk_thread_id
+
+    now = datetime.now(UTC)  # a lease is live until its expiry, judged here by this machine's clock
+    members = store.members(member_group(group))
+    serving: dict[str, list[str]] = {}
+    for member in members:
+        for served in member.serves:
+            graph_id, _, schema = served.rpartition("@")
+            if graph_id:
+                serving.setdefault(graph_id, []).append(f"{member.member}@{schema}")
+    rows = []
+    for graph_id in sorted({*serving, *graphs}):
+        thread = walk_thread_id(group, graph_id)
+        latest = store.latest(thread)
+        record = WalkRecord.from_state(thread, latest.checkpoint.state) if latest is not None else None
+        claim = store.current_claim(thread)
+        live = claim is not None and claim.expires_at > now
+        share: float | None = None
+        if live and latest is not None:
+            try:
+                share = float(latest.checkpoint.metadata.get(SHARE_KEY, ""))
+            except ValueError:
+                share = None
+        rows.append(
+            {
+                "graph_id": graph_id,
+                "walk": thread,
+                "schema": record.schema if record else None,
+                "heads": record.heads if record else None,
+                "cursor": record.cursor if record else None,
+                "count": record.count if record else 0,
+                "completed": record.completed if record else False,
+                "holder": claim.holder if live and claim is not None else None,
+                "share": share,
+                "members": sorted(serving.get(graph_id, [])),
+            }
+        )
+    return rows
+
+
+def remaining(store: Any, graph_id: str, cursor: str | None, cap: int = COUNT_CAP) -> int:
+    """How many of the kind's threads come after ``cursor`` (counted up to ``cap``)."""
+    count, after = 0, cursor
+    while count < cap:
+        page = store.graph_threads(graph_id, after=after, limit=COUNT_PAGE)
+        count += len(page)
+        if len(page) < COUNT_PAGE:
+            break
+        after = page[-1]
+    return count
+
+
+def _table(rows: list[dict[str, Any]], group: str) -> Table:
+    table = new_table(
+        f"access walks of group {printable(group)}",
+        "graph",
+        "schema",
+        "heads",
+        "cursor",
+        "count",
+        "completed",
+        "holder",
+        "share",
+        "members",
+    )
+    for row in rows:
+        table.add_row(
+            printable(row["graph_id"]),
+            printable(row["schema"] or "-"),
+            "-" if row["heads"] is None else str(row["heads"]),
+            printable(row["cursor"] or "-"),
+            str(row["count"]),
+            "yes" if row["completed"] else ("no" if row["schema"] else "-"),
+            printable(row["holder"] or "-"),
+            "-" if row["share"] is None else f"{row['share']:.3f}",
+            printable(", ".join(row["members"]) or "-"),
+        )
+    return table
+
+
+def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], every: float) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    if state.json_output:
+        while True:
+            rows = walk_rows(store, group, graphs)
+            click.echo(_json_line({"group": group, "walks": rows}))
+            if rows and all(row["completed"] for row in rows):
+                return
+            time.sleep(every)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        console=state.out,
+    )
+    tasks: dict[str, Any] = {}
+    totals: dict[str, tuple[str | None, int]] = {}  # graph id -> (schema, threads) counted once per walk
+    with progress:
+        while True:
+            rows = walk_rows(store, group, graphs)
+            for row in rows:
+                graph_id, count = row["graph_id"], row["count"]
+                known = totals.get(graph_id)
+                if known is None or known[0] != row["schema"] or known[1] < count:
+                    total = count if row["completed"] else count + remaining(store, graph_id, row["cursor"])
+                    totals[graph_id] = (row["schema"], total)
+                total = max(totals[graph_id][1], 1)
+                share = "-" if row["share"] is None else f"{row['share']:.3f}"
+                detail = printable(f"schema {row['schema'] or '-'} holder {row['holder'] or '-'} share {share}")
+                if graph_id not in tasks:
+                    tasks[graph_id] = progress.add_task(printable(graph_id), total=total, detail=detail)
+                done = total if row["completed"] else min(count, total)
+                progress.update(tasks[graph_id], completed=done, total=total, detail=detail)
+            if rows and all(row["completed"] for row in rows):
+                return
+            time.sleep(every)
+
+
+def _json_line(document: Any) -> str:
+    return json_text(document, compact=True)
+
+
+@click.command()
+@click.option("--group", default=DEFAULT_GROUP, show_default=True, metavar="GROUP", help="The walk group.")
+@click.option(
+    "--graph",
+    "graphs",
+    multiple=True,
+    metavar="GRAPH",
+    help="Also list this graph kind (repeatable): one no live member serves.",
+)
+@click.option(
+    "--follow", "-f", is_flag=True, help="Show a progress bar per kind until every walk completed, or Ctrl-C."
+)
+@click.option(
+    "--every",
+    type=click.FloatRange(0.05, 3600),
+    default=1.0,
+    show_default=True,
+    help="With --follow: seconds between reads.",
+)
+@click.pass_context
+def walks(ctx: click.Context, group: str, graphs: tuple[str, ...], follow: bool, every: float) -> None:
+    """List the access walks per graph kind: schema hash, heads, cursor, count, completed, holder, live share.
+
+    Kinds listed: those the group's live members serve, and each --graph. The live share is the share the
+    holder's pace allowed when it recorded its last page (shown only while a live holder walks). With --follow,
+    a progress bar per kind (count against the kind's threads) until every listed walk completed or Ctrl-C;
+    with --json and --follow, one JSON object per line. Reads only.
+    """
+    from threadloom.domain.access import member_group
+
+    state = state_of(ctx)
+    try:
+        member_group(group)
+        for graph_id in graphs:
+            v.check_id("graph", graph_id)
+    except ThreadloomError as error:
+        raise CliError(str(error), 2, kind=type(error).__name__) from error
+    store = state.store(read_only=True)
+    try:
+        if follow:
+            try:
+                _follow(state, store, group, graphs, every)
+            except KeyboardInterrupt:
+                return
+            return
+        rows = walk_rows(store, group, graphs)
+    except ProcessingError as error:
+        raise CliError(str(error), kind=type(error).__name__) from error
+    if state.json_output:
+        state.emit({"group": group, "walks": rows})
+        return
+    if not rows:
+        state.out.print("no walks: no live member serves a schema in this group; name a kind with --graph")
+        return
+    state.out.print(_table(rows, group))
