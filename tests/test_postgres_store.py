@@ -350,8 +350,8 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
     # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
-    # 6: queue refunds; 7: access stamps
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
+    # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only
+    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -387,6 +387,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     assert sorted(files) == [
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
         "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
+        "0008_stamped_tenant_indexes.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
