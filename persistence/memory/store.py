@@ -45,6 +45,7 @@ from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_gu
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.encoded import EncodedCheckpoint, EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
+from threadloom.persistence.wakeups import Waiters, Wakeups
 
 
 @attrs.define
@@ -103,6 +104,7 @@ class InMemoryCheckpointer(StoreBase):
         self._clock = check_clock("clock", clock) if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._waiters = Waiters()  # async waiters (README "asyncio"); blocking ones wait on _changed
         self._rows: dict[str, _Thread] = {}
         self._places: dict[str, dict[str, int]] = {}  # parent -> child -> place (order of first origin commit)
         self._place_counter = 0
@@ -298,6 +300,7 @@ class InMemoryCheckpointer(StoreBase):
                 row.updated_at = now
             if records:
                 self._changed.notify_all()
+                self._waiters.notify(thread_id)
             return records
 
     # -- reads -------------------------------------------------------------------------------------------------------
@@ -412,6 +415,7 @@ class InMemoryCheckpointer(StoreBase):
             row.updated_at = None
             row.deleted_at = read_clock(self._clock)
             self._changed.notify_all()
+            self._waiters.notify(thread_id)
 
     def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
         with self._lock:
@@ -540,6 +544,12 @@ class InMemoryCheckpointer(StoreBase):
             rows = [s for s in rows if (s.updated_at, s.thread_id) > (after.updated_at, after.thread_id)]
         return ThreadPage.of(rows[: limit + 1], limit)
 
+    def wakeups(self) -> Wakeups:
+        """The store's waiters, for waiting without a thread per waiter (README "asyncio"): a commit that
+        numbers events, and a delete, set the wakes of its thread."""
+        return Wakeups(self._waiters)
+
     def _close(self) -> None:
         with self._changed:
             self._changed.notify_all()
+        self._waiters.wake_all()
