@@ -6,15 +6,17 @@ A :class:`~threadloom.actors.thread_actor.ThreadRun` resolves its handle's futur
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any
 
 import attrs
 
+from threadloom.actors.aio import RuntimeLoop
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome
 from threadloom.actors.policies import ClaimPolicy
 from threadloom.actors.scheduler import IdFactory, Scheduler
@@ -77,6 +79,8 @@ class RunEnv:
     node_id: str
     start_child: Callable[[str, Graph, Any, NodeContext], RunHandle]
     track_thread: Callable[[threading.Thread], None] = lambda _thread: None
+    loop: RuntimeLoop | None = None
+    """The event loop ``async def`` nodes run on (README "asyncio"); None: async nodes are not run."""
 
 
 class RunHandle:
@@ -158,6 +162,19 @@ class RunHandle:
             TimeoutError: ``timeout`` passed first; the run goes on.
         """
         self._await(self._done, timeout)
+        return self._done.result(0)
+
+    def __await__(self) -> Generator[Any, None, RunOutcome]:
+        """``outcome = await handle``: :meth:`wait` without blocking the event loop (README "asyncio").
+
+        Returns and raises as :meth:`wait`. Cancelling the awaiting task stops the await only: the run goes on
+        (call :meth:`cancel` to stop it).
+        """
+        return self._outcome().__await__()
+
+    async def _outcome(self) -> RunOutcome:
+        if not self._done.done():
+            await asyncio.shield(asyncio.wrap_future(self._done))
         return self._done.result(0)
 
     def exception(self, timeout: timedelta | None = None) -> BaseException | None:

@@ -14,21 +14,33 @@ store (``StoreCorrupt``, ``StoreClosed``) ends the subscription with that error 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from threadloom.actors._failures import closed_under, error_kind, is_fatal, is_transient, retry_pause
+from threadloom.actors.graph import END_EVENTS
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
 from threadloom.actors.scheduler import Scheduler, Task
 from threadloom.domain.errors import CancelledError, TenantMismatch, ThreadloomError
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.wakeups import LoopWake
+
+if TYPE_CHECKING:
+    from threadloom.persistence.aio import AsyncStore
 
 PAGE = 500
 """Events read per store call."""
+
+ASYNC_WAIT = timedelta(seconds=30)
+"""How long one wait of an async subscription's watch lasts before it reads again: the store's watcher wakes it
+on a commit (README "asyncio"), so it needs no short poll; a store without a watcher is re-read every
+``poll_interval`` inside the wait."""
 
 
 class Subscription:
@@ -58,6 +70,7 @@ class Subscription:
         policy: WatchPolicy,
         tenant_check: Callable[[], bool],
         on_end: Callable[[Subscription], None] = lambda _sub: None,
+        until_run_end: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.after_seq = after_seq
@@ -75,6 +88,11 @@ class Subscription:
         self._error: ThreadloomError | None = None
         self._scheduler = scheduler
         self._task: Task | None = None
+        self._until_run_end = until_run_end
+        self._wakes: set[LoopWake] = set()  # async consumers waiting in __anext__
+        self._atask: asyncio.Task[None] | None = None  # the async watch, on the loop that subscribed
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._adone = threading.Event()
 
     def start(self) -> Subscription:
         """Starts the watch's task (once); returns the subscription."""
@@ -82,8 +100,22 @@ class Subscription:
             self._task = self._scheduler.spawn(f"watch-{self.thread_id}", self._watch)
         return self
 
+    def start_async(self, store: AsyncStore) -> Subscription:
+        """Starts the watch as a task on the running event loop (once), reading through ``store``; it holds no
+        thread while it waits. Returns the subscription."""
+        if self._task is None and self._atask is None:
+            self._aloop = asyncio.get_running_loop()
+            self._atask = self._aloop.create_task(self._awatch(store))
+        return self
+
     def __repr__(self) -> str:
         return f"Subscription(thread_id={self.thread_id!r}, last_seq={self.last_seq})"
+
+    def _notify(self) -> None:
+        """Wakes every consumer (called under the condition)."""
+        self._cond.notify_all()
+        for wake in self._wakes:
+            wake.set()
 
     # -- the watch (its own task) -------------------------------------------------------------------------------
 
@@ -135,30 +167,90 @@ class Subscription:
         except CancelledError:
             pass
         except ThreadloomError as error:
-            error = closed_under(
-                error, store, f"the subscription to thread {self.thread_id!r}", f"subscribe again after seq {after}"
-            )
-            with self._cond:
-                self._error = error
-            if is_fatal(error, store):
-                _log.error(
-                    "subscription.ended",
-                    thread_id=self.thread_id,
-                    error=f"{type(error).__name__}: {error}",
-                    error_kind=error_kind(error),
-                )
-            else:
-                _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
+            self._fail(error, store, after)
         except Exception as error:  # the store raised something it should not: end with it, never hang
             with self._cond:
                 self._error = ThreadloomError(f"{type(error).__name__}: {error}")
         finally:
+            self._end()
+
+    def _fail(self, error: ThreadloomError, store: Checkpointer, after: int) -> None:
+        error = closed_under(
+            error, store, f"the subscription to thread {self.thread_id!r}", f"subscribe again after seq {after}"
+        )
+        with self._cond:
+            self._error = error
+        if is_fatal(error, store):
+            _log.error(
+                "subscription.ended",
+                thread_id=self.thread_id,
+                error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind(error),
+            )
+        else:
+            _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
+
+    def _end(self) -> None:
+        with self._cond:
+            self._ended = True
+            self._notify()
+        self._adone.set()
+        self._on_end(self)
+
+    async def _awatch(self, astore: AsyncStore) -> None:
+        """The async watch (a task on the subscriber's loop): :meth:`_watch`'s steps, awaiting the store."""
+        store, policy = astore.store, self._policy
+        after = self.after_seq
+        checked = False
+        replaying = True
+        failures = 0
+        try:
+            while not self._cancel.is_set():
+                if not replaying and not policy.enabled:
+                    break
+                try:
+                    if replaying:
+                        batch = await astore.events_after(self.thread_id, after, PAGE)
+                    else:
+                        batch = await astore.await_events_after(self.thread_id, after, PAGE, ASYNC_WAIT)
+                    if batch and not checked:
+                        checked = await astore.call(self._tenant_check)
+                except ThreadloomError as error:
+                    if not is_transient(error, store):
+                        raise
+                    failures += 1
+                    pause = retry_pause(failures)
+                    _log.warning(
+                        "subscription.retrying",
+                        thread_id=self.thread_id,
+                        after_seq=after,
+                        attempt=failures + 1,
+                        pause_ms=pause.total_seconds() * 1000,
+                        error=f"{type(error).__name__}: {error}",
+                        error_kind=error_kind(error),
+                    )
+                    await asyncio.sleep(pause.total_seconds())
+                    continue
+                failures = 0
+                if not self._deliver(batch):
+                    return
+                if batch:
+                    after = batch[-1].seq
+                if replaying and len(batch) < PAGE:
+                    replaying = False
+        except (CancelledError, asyncio.CancelledError):
+            pass
+        except ThreadloomError as error:
+            self._fail(error, store, after)
+        except Exception as error:  # the store raised something it should not: end with it, never hang
             with self._cond:
-                self._ended = True
-                self._cond.notify_all()
-            self._on_end(self)
+                self._error = ThreadloomError(f"{type(error).__name__}: {error}")
+        finally:
+            self._end()
 
     def _deliver(self, batch: list[EventRecord]) -> bool:
+        """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered)."""
+        reached = False
         with self._cond:
             if self._cancelled:
                 return False
@@ -166,9 +258,12 @@ class Subscription:
                 if event.seq > self._queued_seq:  # never twice, whatever a store returns
                     self._queue.append(event)
                     self._queued_seq = event.seq
+                    if event.type in END_EVENTS and event.run_id == self._until_run_end:
+                        reached = True
+                        break
             if batch:
-                self._cond.notify_all()
-            return True
+                self._notify()
+            return not reached
 
     # -- the consumer -------------------------------------------------------------------------------------------
 
@@ -215,6 +310,33 @@ class Subscription:
                 raise self._error
             return None
 
+    def __aiter__(self) -> Subscription:
+        """``async for event in subscription``: :meth:`__iter__` without blocking the event loop."""
+        return self
+
+    async def __anext__(self) -> EventRecord:
+        """The next event, awaiting it; ends (``StopAsyncIteration``) as :meth:`get` returns None, and raises
+        the error the watch ended with once every event before it was delivered."""
+        while True:
+            with self._cond:
+                if self._cancelled:
+                    raise StopAsyncIteration
+                if self._queue:
+                    event = self._queue.popleft()
+                    self._last_seq = event.seq
+                    return event
+                if self._ended:
+                    if self._error is not None:
+                        raise self._error
+                    raise StopAsyncIteration
+                wake = LoopWake()
+                self._wakes.add(wake)
+            try:
+                await wake.event.wait()
+            finally:
+                with self._cond:
+                    self._wakes.discard(wake)
+
     def __iter__(self) -> Iterator[EventRecord]:
         """Yields events until the subscription is cancelled or ends (then raises its error, if any)."""
         while True:
@@ -231,16 +353,33 @@ class Subscription:
         with self._cond:
             self._cancelled = True
             self._queue.clear()
-            self._cond.notify_all()
+            self._notify()
         self._cancel.set()
         if self._task is not None:
             self._task.join(timeout.total_seconds())
+        atask, aloop = self._atask, self._aloop
+        if atask is not None and aloop is not None:
+            if _on_loop(aloop):
+                atask.cancel()  # it ends at its next await; the caller's loop runs it
+            else:
+                try:
+                    aloop.call_soon_threadsafe(atask.cancel)
+                except RuntimeError:  # that loop closed: the task is gone with it
+                    return
+                self._adone.wait(timeout.total_seconds())
 
     def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.cancel()
+
+
+def _on_loop(loop: Any) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def check_tenant(store: Checkpointer, thread_id: str, tenant_id: str | None) -> Callable[[], bool]:

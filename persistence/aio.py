@@ -138,6 +138,10 @@ class AsyncStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(function, *args, **kwargs))
 
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs blocking ``fn(*args, **kwargs)`` on this store's pool and awaits it (e.g. a run queue call)."""
+        return await self._run(fn, *args, **kwargs)
+
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -151,6 +155,12 @@ class AsyncStore:
         if self._own:
             await loop.run_in_executor(None, self._store.close)
         await loop.run_in_executor(None, functools.partial(self._pool.shutdown, wait=True))
+
+    def shutdown(self) -> None:
+        """Stops the pool without waiting and without closing the store (for an owner that is not on a loop);
+        later calls raise ``StoreClosed``."""
+        self._closed = True
+        self._pool.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncStore:
         return self

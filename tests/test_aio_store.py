@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -130,13 +131,16 @@ def test_sqlite_waits_wake_on_a_commit_from_another_store_over_the_file() -> Non
         found: list[object] = []
         waiting_thread = threading.Thread(target=lambda: found.extend(store.await_events_after("t", 3, 10, LONG)))
         waiting_thread.start()
-        while _waiters(store) == 0:
+        while not store.wakeups().listening():  # type: ignore[attr-defined]
             threading.Event().wait(0.005)
         records = writer.emit(1)
         waiting_thread.join(10)
         assert not waiting_thread.is_alive() and found == records
-        assert store.wakeups().listening()  # type: ignore[attr-defined]
-        store.close()
+        # Nobody waits: the watcher's thread ends (the next waiter starts it again).
+        deadline = time.monotonic() + 10
+        while any(t.name.startswith("threadloom-sqlite-watcher") for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.005)
         assert not store.wakeups().listening()  # type: ignore[attr-defined]
     finally:
         harness.cleanup()

@@ -2,9 +2,11 @@
 
 ``PRAGMA data_version`` on a connection changes whenever *another* connection - of this process or any other -
 committed to the file; reading it looks at the WAL index in shared memory and costs no disk read. The watcher
-owns one connection that never writes, polls it every :data:`WATCH_INTERVAL` while anyone waits (and not at all
-while nobody does), and wakes every waiter when it changes: the waiters re-read their thread's events (a
-commit on another thread costs each waiter one indexed read). The version does not say which thread changed.
+owns one connection that never writes, polls it every :data:`WATCH_INTERVAL` while anyone waits, and wakes
+every waiter when it changes; the thread and its connection end as soon as nobody waits (the next waiter starts
+them again, and everyone re-reads once the new connection has read the version). A wake makes each waiter re-read
+its thread's events: the version does not say which thread changed, so a commit on another thread costs each
+waiter one indexed read.
 
 Should the watcher's connection fail, it logs ``store.watcher_lost`` and reconnects after a pause; meanwhile
 ``listening`` is False and waiters re-read every ``poll_interval`` as before.
@@ -26,13 +28,10 @@ WATCH_INTERVAL = timedelta(milliseconds=5)
 """How often the watcher reads ``PRAGMA data_version`` while anyone waits: the most a wake lags a commit
 (plus the waiter's re-read). About 4 µs a read: 200 reads a second cost well under 0.1% of a core."""
 
-IDLE_CHECK = timedelta(seconds=1)
-"""How long the watcher sleeps between checks that the store is still open while nobody waits."""
-
 
 class DataVersionWatcher:
-    """Polls ``PRAGMA data_version`` on a connection of its own (made by ``connect``) on a daemon thread, started
-    by the first waiter; :meth:`stop` (the store's ``close``) ends it and wakes every waiter."""
+    """Polls ``PRAGMA data_version`` on a connection of its own (made by ``connect``) on a daemon thread that runs
+    while anyone waits; :meth:`stop` (the store's ``close``) ends it for good and wakes every waiter."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
         self.waiters = Waiters()
@@ -41,7 +40,6 @@ class DataVersionWatcher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        self._demand = threading.Event()
         self._listening = False
 
     def wakeups(self) -> Wakeups:
@@ -53,10 +51,7 @@ class DataVersionWatcher:
         return self._listening
 
     def start(self) -> None:
-        """Starts the watcher thread unless it runs or was stopped, and tells it someone waits. Cheap."""
-        self._demand.set()
-        if self._thread is not None:
-            return
+        """Starts the watcher thread unless it runs or was stopped. Call it after registering a wake. Cheap."""
         with self._lock:
             if self._thread is None and not self._stopped.is_set():
                 self._thread = threading.Thread(
@@ -67,11 +62,11 @@ class DataVersionWatcher:
     def stop(self) -> None:
         """Stops the thread (waits at most 2 s for it) and wakes every waiter."""
         self._stopped.set()
-        self._demand.set()
         with self._lock:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2)
+        self._listening = False
         self.waiters.wake_all()
 
     def _run(self) -> None:
@@ -86,10 +81,11 @@ class DataVersionWatcher:
                 self.waiters.wake_all()  # a change before the first read is not missed: everyone re-reads
                 while not self._stopped.is_set():
                     if self.waiters.count() == 0:
-                        self._demand.clear()
-                        if self.waiters.count() == 0:
-                            self._demand.wait(IDLE_CHECK.total_seconds())
-                            continue
+                        with self._lock:  # a waiter registers before it calls start(): none is missed
+                            if self.waiters.count() == 0:
+                                self._listening = False
+                                self._thread = None
+                                return
                     self._stopped.wait(WATCH_INTERVAL.total_seconds())
                     current = conn.execute("PRAGMA data_version").fetchone()[0]
                     if current != version:
@@ -103,7 +99,6 @@ class DataVersionWatcher:
                     self._stopped.wait(backoff)
                     backoff = min(backoff * 2, 2.0)
             finally:
-                self._listening = False
                 if conn is not None:
                     try:
                         conn.close()
@@ -111,4 +106,4 @@ class DataVersionWatcher:
                         pass
 
 
-__all__ = ["IDLE_CHECK", "WATCH_INTERVAL", "DataVersionWatcher"]
+__all__ = ["WATCH_INTERVAL", "DataVersionWatcher"]
