@@ -154,7 +154,12 @@ class SseServer:
         subscription = runtime.subscribe(thread_id, tenant_id=tenant, until_run_end=handle.run_id)
         outcome = asyncio.ensure_future(_outcome(handle))
         # A run that is cancelled or loses its claim writes no end event: end the stream with its handle.
-        outcome.add_done_callback(lambda done: done.cancelled() or done.result() is None or subscription.cancel())
+
+        def ended(done: asyncio.Future[str | None]) -> None:
+            if not done.cancelled() and done.result() is not None:
+                subscription.cancel()
+
+        outcome.add_done_callback(ended)
         await _stream(writer, subscription, run_id=handle.run_id)
         if outcome.done() and outcome.result() is not None:
             writer.write(f"event: error\ndata: {json.dumps({'error': outcome.result()})}\n\n".encode())
