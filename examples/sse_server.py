@@ -160,10 +160,13 @@ class SseServer:
                 subscription.cancel()
 
         outcome.add_done_callback(ended)
-        await _stream(writer, subscription, run_id=handle.run_id)
-        if outcome.done() and outcome.result() is not None:
-            writer.write(f"event: error\ndata: {json.dumps({'error': outcome.result()})}\n\n".encode())
-            await writer.drain()
+        try:
+            await _stream(writer, subscription, run_id=handle.run_id)
+            if outcome.done() and outcome.result() is not None:
+                writer.write(f"event: error\ndata: {json.dumps({'error': outcome.result()})}\n\n".encode())
+                await writer.drain()
+        finally:
+            outcome.cancel()  # stops awaiting the handle only: the run goes on
 
     async def _events(
         self, thread_id: str, after: int, until_run: str | None, tenant: str | None, writer: asyncio.StreamWriter

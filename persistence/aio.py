@@ -108,6 +108,9 @@ class AsyncStore:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="threadloom-aio")
         self._closed = False
         self._wakeups = _find_wakeups(store)
+        # Reads in flight, shared by waiters of one thread from one place on one loop (see _shared_read).
+        self._reads: dict[tuple[int, str, int, int], tuple[int, asyncio.Future[list[EventRecord]]]] = {}
+        self._read_number = 0
 
     def __repr__(self) -> str:
         return f"AsyncStore({self._store!r}, max_workers={self._workers})"
@@ -259,17 +262,19 @@ class AsyncStore:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout.total_seconds()
         wakeups = self._wakeups
-        wake = LoopWake() if wakeups is not None and timeout > timedelta(0) else None
+        wake = LoopWake(stamp=lambda: self._read_number) if wakeups is not None and timeout > timedelta(0) else None
         if wake is not None and wakeups is not None:
             wakeups.waiters.add(thread_id, wake)
         poll = getattr(self._store, "poll_interval", timedelta(milliseconds=50)).total_seconds()
         try:
             if wakeups is not None:
                 wakeups.start()
+            mark = self._read_number  # only a read issued after this may answer the first read
             while True:
                 if wake is not None:
                     wake.event.clear()
-                found = await self._read(thread_id, after_seq, limit)
+                    mark = max(mark, wake.mark)  # a fire this clear swallows: only a read issued after it
+                found = await self._shared_read(loop, thread_id, after_seq, limit, mark)
                 remaining = deadline - loop.time()
                 if found or remaining <= 0:
                     return found
@@ -277,14 +282,17 @@ class AsyncStore:
                 step = remaining if listening else min(remaining, poll)
                 if cancel is not None:
                     step = min(step, CANCEL_CHECK.total_seconds())
+                mark = self._read_number
                 if wake is not None:
                     try:
                         async with asyncio.timeout(step):
                             await wake.event.wait()
+                        mark = wake.mark  # a read issued once the wake fired saw the commit that fired it
                     except TimeoutError:
-                        pass
+                        mark = self._read_number
                 else:
                     await asyncio.sleep(step)
+                    mark = self._read_number
                 if cancel is not None and cancel.is_set():
                     raise CancelledError(operation)
                 if self.closed:
@@ -292,6 +300,30 @@ class AsyncStore:
         finally:
             if wake is not None and wakeups is not None:
                 wakeups.waiters.remove(thread_id, wake)
+
+    async def _shared_read(
+        self, loop: asyncio.AbstractEventLoop, thread_id: str, after_seq: int, limit: int, mark: int
+    ) -> list[EventRecord]:
+        """One read for every waiter of ``thread_id`` from ``after_seq`` on this loop: a commit that wakes a
+        thousand subscribers costs one read, not a thousand. Reads are numbered as issued; a caller joins the one
+        in flight only if it was issued after ``mark`` (after the wake that woke the caller fired, so it cannot
+        miss that commit), else issues a new one. Each caller gets a list of its own (the records are immutable
+        values)."""
+        key = (id(loop), thread_id, after_seq, limit)
+        entry = self._reads.get(key)
+        if entry is None or entry[0] <= mark:
+            number = self._read_number = self._read_number + 1
+            future: asyncio.Future[list[EventRecord]] = loop.create_task(self._read(thread_id, after_seq, limit))
+            self._reads[key] = (number, future)
+
+            def forget(_done: object, key: tuple[int, str, int, int] = key, number: int = number) -> None:
+                if self._reads.get(key, (None,))[0] == number:
+                    del self._reads[key]
+
+            future.add_done_callback(forget)
+        else:
+            future = entry[1]
+        return list(await asyncio.shield(future))
 
     async def _read(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
         """One read of the events, cancellable: a cancelled task sets the read's cancel (a PostgreSQL read in

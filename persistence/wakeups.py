@@ -104,18 +104,31 @@ class Wakeups:
 class LoopWake:
     """A wake that sets an ``asyncio.Event`` on its event loop, from any thread.
 
-    Built on the loop's thread (it takes the running loop). ``set`` after the loop closed does nothing.
+    Built on the loop's thread (it takes the running loop). ``set`` after the loop closed does nothing. With
+    ``stamp``, :attr:`mark` holds what ``stamp()`` returned when the wake last fired (on the loop's thread, just
+    before the event is set): an async store uses it to tell the reads issued after the wake from those before.
     """
 
-    __slots__ = ("_loop", "event")
+    __slots__ = ("_loop", "_owner", "_stamp", "event", "mark")
 
-    def __init__(self) -> None:
+    def __init__(self, stamp: Callable[[], int] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._owner = threading.get_ident()
+        self._stamp = stamp
         self.event = asyncio.Event()
+        self.mark = 0
+
+    def _fire(self) -> None:
+        if self._stamp is not None:
+            self.mark = self._stamp()
+        self.event.set()
 
     def set(self) -> None:
+        if threading.get_ident() == self._owner:  # on the loop's own thread: no need to wake its selector
+            self._fire()
+            return
         try:
-            self._loop.call_soon_threadsafe(self.event.set)
+            self._loop.call_soon_threadsafe(self._fire)
         except RuntimeError:  # the loop closed: nobody waits any more
             pass
 

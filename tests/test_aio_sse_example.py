@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,7 +72,7 @@ def served(tmp_path):
     thread.start()
     server = asyncio.run_coroutine_threadsafe(SseServer(runtime, graphs).start(), loop).result(10)
     try:
-        yield server.port, gate
+        yield server.port, gate, store
     finally:
         gate.set()
         asyncio.run_coroutine_threadsafe(server.close(), loop).result(10)
@@ -82,7 +83,7 @@ def served(tmp_path):
 
 
 def test_concurrent_clients_each_get_their_runs_events_in_order_and_the_stream_ends_with_the_run(served):
-    port, _gate = served
+    port, _gate, _store = served
     texts = {f"t{i}": " ".join(f"w{i}-{j}" for j in range(4)) for i in range(CLIENTS)}
     with ThreadPoolExecutor(CLIENTS) as pool:
         answers = dict(
@@ -112,15 +113,14 @@ def test_concurrent_clients_each_get_their_runs_events_in_order_and_the_stream_e
 
 
 def test_errors_are_answered_before_any_stream(served):
-    port, gate = served
+    port, gate, store = served
     with ThreadPoolExecutor(1) as pool:
         holding = pool.submit(_post, port, "/threads/busy/runs", {"graph": "held", "input": {}})
-        status, body = 0, None
-        for _attempt in range(200):  # until the held run holds the thread
-            status, body = _post(port, "/threads/busy/runs", {"graph": "held", "input": {}})
-            if status == 409:
-                break
-            threading.Event().wait(0.02)
+        deadline = time.monotonic() + 30
+        while store.current_claim("busy") is None:  # until the held run holds the thread
+            assert time.monotonic() < deadline
+            threading.Event().wait(0.01)
+        status, body = _post(port, "/threads/busy/runs", {"graph": "held", "input": {}})
         assert status == 409 and "busy" in body["error"]
         gate.set()
         assert holding.result(30)[0] == 200
