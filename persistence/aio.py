@@ -109,7 +109,7 @@ class AsyncStore:
         self._closed = False
         self._wakeups = _find_wakeups(store)
         # Reads in flight, shared by waiters of one thread from one place on one loop (see _shared_read).
-        self._reads: dict[tuple[int, str, int, int], tuple[int, asyncio.Future[list[EventRecord]]]] = {}
+        self._reads: dict[tuple[int, str, int, int], _SharedRead] = {}
         self._read_number = 0
 
     def __repr__(self) -> str:
@@ -305,37 +305,64 @@ class AsyncStore:
         self, loop: asyncio.AbstractEventLoop, thread_id: str, after_seq: int, limit: int, mark: int
     ) -> list[EventRecord]:
         """One read for every waiter of ``thread_id`` from ``after_seq`` on this loop: a commit that wakes a
-        thousand subscribers costs one read, not a thousand. Reads are numbered as issued; a caller joins the one
-        in flight only if it was issued after ``mark`` (after the wake that woke the caller fired, so it cannot
-        miss that commit), else issues a new one. Each caller gets a list of its own (the records are immutable
-        values)."""
-        key = (id(loop), thread_id, after_seq, limit)
-        entry = self._reads.get(key)
-        if entry is None or entry[0] <= mark:
-            number = self._read_number = self._read_number + 1
-            future: asyncio.Future[list[EventRecord]] = loop.create_task(self._read(thread_id, after_seq, limit))
-            self._reads[key] = (number, future)
+        thousand subscribers costs one read, not a thousand.
 
-            def forget(_done: object, key: tuple[int, str, int, int] = key, number: int = number) -> None:
-                if self._reads.get(key, (None,))[0] == number:
+        A caller joins the read in flight when that read cannot miss what the caller must see: it has not started
+        on the pool yet (so it starts after the caller asked), or it was issued after ``mark`` (after the wake
+        that woke the caller fired). Otherwise the caller issues a new read. Each caller gets a list of its own
+        (the records are immutable values). The last caller to be cancelled cancels the read (PostgreSQL then
+        aborts it and discards its connection)."""
+        key = (id(loop), thread_id, after_seq, limit)
+        shared = self._reads.get(key)
+        if shared is None or (shared.started.is_set() and shared.number <= mark):
+            self._read_number += 1
+            shared = _SharedRead(self._read_number)
+            shared.future = loop.create_task(self._read(thread_id, after_seq, limit, shared.started))
+            self._reads[key] = shared
+
+            def forget(_done: object, key: tuple[int, str, int, int] = key, shared: _SharedRead = shared) -> None:
+                if self._reads.get(key) is shared:
                     del self._reads[key]
 
-            future.add_done_callback(forget)
-        else:
-            future = entry[1]
-        return list(await asyncio.shield(future))
-
-    async def _read(self, thread_id: str, after_seq: int, limit: int) -> list[EventRecord]:
-        """One read of the events, cancellable: a cancelled task sets the read's cancel (a PostgreSQL read in
-        flight is aborted and its connection discarded)."""
-        stop = threading.Event()
+            shared.future.add_done_callback(forget)
+        shared.waiters += 1
         try:
-            return await self._run(
-                self._store.await_events_after, thread_id, after_seq, limit, timedelta(0), cancel=stop
-            )
+            return list(await asyncio.shield(shared.future))
+        except asyncio.CancelledError:
+            if shared.waiters == 1 and not shared.future.done():
+                shared.future.cancel()
+            raise
+        finally:
+            shared.waiters -= 1
+
+    async def _read(
+        self, thread_id: str, after_seq: int, limit: int, started: threading.Event
+    ) -> list[EventRecord]:
+        """One read of the events, cancellable: a cancelled task sets the read's cancel (a PostgreSQL read in
+        flight is aborted and its connection discarded). ``started`` is set on the pool thread before the read."""
+        stop = threading.Event()
+
+        def read() -> list[EventRecord]:
+            started.set()
+            return self._store.await_events_after(thread_id, after_seq, limit, timedelta(0), cancel=stop)
+
+        try:
+            return await self._run(read)
         except asyncio.CancelledError:
             stop.set()
             raise
+
+
+class _SharedRead:
+    """A read in flight that waiters of one thread from one place may share (see ``AsyncStore._shared_read``)."""
+
+    __slots__ = ("future", "number", "started", "waiters")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.started = threading.Event()
+        self.waiters = 0
+        self.future: asyncio.Future[list[EventRecord]]
 
 
 async def open_async_store(url: str, *, max_workers: int | None = None, **options: Any) -> AsyncStore:
