@@ -30,7 +30,7 @@ from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, 
 from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
 from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
-from threadloom.actors.subscription import Subscription, check_tenant
+from threadloom.actors.subscription import Subscription, Tail, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
 from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
@@ -147,6 +147,7 @@ class GraphRuntime(AsyncRuntimeMixin):
         self._stopping = threading.Event()  # set by close() once every live run was told to stop
         self._aio = RuntimeLoop(self.node_id)  # async nodes' event loop, started by the first (README "asyncio")
         self._astore: AsyncStore | None = None  # async subscriptions' reads, made by the first
+        self._tails: dict[tuple[int, str], Tail] = {}  # one shared watch per thread and event loop
         self._env = RunEnv(
             store=store,
             clock=self.clock,
@@ -476,7 +477,7 @@ class GraphRuntime(AsyncRuntimeMixin):
             with self._lock:
                 if self._astore is None:
                     self._astore = AsyncStore(self.store, own_store=False)
-            return subscription.start_async(self._astore)
+            return subscription.start_async(self._astore, self._tails)
         return subscription.start()
 
     # -- threads ----------------------------------------------------------------------------------------------

@@ -250,7 +250,7 @@ def _wake_latencies(url: str, subscribers: int, samples: int) -> list[float]:
                         arrived.set()
 
             consumers = [asyncio.create_task(consume(s)) for s in subscriptions]
-            await asyncio.sleep(1.0)  # every subscription parked in its wait
+            await asyncio.sleep(1.0 + subscribers / 500)  # every subscription replayed and parked in its wait
             loop = asyncio.get_running_loop()
             for index in range(samples):
                 got.clear()

@@ -118,6 +118,10 @@ class LoopWake:
         self.event = asyncio.Event()
         self.mark = 0
 
+    def on_running_loop(self) -> bool:
+        """True when called on the thread and loop this wake was built for."""
+        return threading.get_ident() == self._owner and asyncio.get_running_loop() is self._loop
+
     def _fire(self) -> None:
         if self._stamp is not None:
             self.mark = self._stamp()

@@ -35,3 +35,20 @@ def test_the_agent_runs_section_runs_as_written(tmp_path: pathlib.Path) -> None:
     ], done.stdout
     assert (tmp_path / "agent.db").exists()
 
+
+
+def test_the_asyncio_section_runs_as_written(tmp_path: pathlib.Path) -> None:
+    blocks = section_blocks("asyncio")
+    assert len(blocks) == 1, blocks
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("20")]  # not structlog's lines
+    assert lines == [
+        "None",
+        "1 threadloom.run_started",
+        "2 searched",
+        "3 threadloom.run_completed",
+        "CheckpointStatus.COMPLETED RESULTS",
+    ], done.stdout
