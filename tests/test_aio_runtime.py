@@ -234,3 +234,52 @@ def test_arecover_continues_an_async_run_and_reads_its_turns_effect_records(stor
     finally:
         second.close()
     assert len(calls) == 1
+
+
+def test_async_subscriptions_of_one_thread_share_one_watch_and_a_delete_ends_them_all(runtime, store):
+    async def tick(state, ctx):
+        ctx.emit("tick", {"n": state.get("n", 0)})
+        return Step.end(state)
+
+    graph = Graph("tick", {"tick": tick}, entry="tick")
+
+    async def host() -> None:
+        first = await (await runtime.astart("t1", graph, {"n": 1}))
+        assert first.status is CheckpointStatus.COMPLETED
+        subscriptions = [runtime.subscribe("t1") for _ in range(50)]
+        received: list[list[int]] = [[] for _ in subscriptions]
+
+        async def consume(index: int) -> None:
+            async for event in subscriptions[index]:
+                received[index].append(event.seq)
+
+        consumers = [asyncio.create_task(consume(index)) for index in range(len(subscriptions))]
+        while not all(len(seqs) == 3 for seqs in received):  # the first turn's events, replayed by each
+            await asyncio.sleep(0.01)
+        assert len(runtime._tails) == 1  # one shared watch for the fifty
+        subscriptions[0].cancel()
+        await (await runtime.astart("t1", graph, {"n": 2}))
+        while not all(len(seqs) == 6 for seqs in received[1:]):
+            await asyncio.sleep(0.01)
+        assert all(seqs == [1, 2, 3, 4, 5, 6] for seqs in received[1:]) and received[0] == [1, 2, 3]
+        await runtime.adelete_thread("t1")
+        results = await asyncio.wait_for(asyncio.gather(*consumers, return_exceptions=True), WAIT)
+        assert results[0] is None
+        assert {type(result).__name__ for result in results[1:]} == {"ThreadDeleted"}
+        assert runtime._tails == {}
+
+    asyncio.run(host())
+
+
+def test_a_thread_watched_subscription_can_be_read_with_async_for(runtime):
+    def tick(state, ctx):
+        ctx.emit("tick", None)
+        return Step.end(state)
+
+    handle = runtime.start("t1", Graph("tick", {"tick": tick}, entry="tick"), {})
+    subscription = runtime.subscribe("t1", until_run_end=handle.run_id)  # plain code: a watch thread
+
+    async def read() -> list[str]:
+        return [event.type async for event in subscription]
+
+    assert asyncio.run(read()) == [EVENT_RUN_STARTED, "tick", EVENT_RUN_COMPLETED]

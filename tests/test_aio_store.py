@@ -164,3 +164,24 @@ def test_open_async_store_opens_by_url_and_refuses_bad_input(tmp_path: os.PathLi
         assert bad.value.field == "store"
 
     asyncio.run(scenario())
+
+
+def test_a_metered_store_keeps_its_inner_stores_wake_ups() -> None:
+    from threadloom import InMemoryMeter, MeteredCheckpointer
+
+    harness = MemoryHarness()
+    inner = harness.open()
+    store = MeteredCheckpointer(inner, InMemoryMeter())
+    writer = Writer(store, harness, "t")
+
+    async def scenario() -> None:
+        aio = AsyncStore(store)
+        waiting = asyncio.create_task(aio.await_events_after("t", 0, 10, LONG))
+        while _waiters(inner) == 0:  # registered with the memory store under the wrapper: no polling
+            await asyncio.sleep(0.005)
+        records = await asyncio.to_thread(writer.emit, 1)
+        assert await asyncio.wait_for(waiting, 10) == records
+        await aio.close()
+
+    asyncio.run(scenario())
+    assert store.closed and inner.closed
