@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -110,7 +111,7 @@ class AsyncStore:
         self._wakeups = _find_wakeups(store)
         # Reads in flight, shared by waiters of one thread from one place on one loop (see _shared_read).
         self._reads: dict[tuple[int, str, int, int], _SharedRead] = {}
-        self._read_number = 0
+        self._numbers = itertools.count(1)  # strictly increasing from any thread: reads and wake stamps
 
     def __repr__(self) -> str:
         return f"AsyncStore({self._store!r}, max_workers={self._workers})"
@@ -262,14 +263,14 @@ class AsyncStore:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout.total_seconds()
         wakeups = self._wakeups
-        wake = LoopWake(stamp=lambda: self._read_number) if wakeups is not None and timeout > timedelta(0) else None
+        wake = LoopWake(stamp=self._tick) if wakeups is not None and timeout > timedelta(0) else None
         if wake is not None and wakeups is not None:
             wakeups.waiters.add(thread_id, wake)
         poll = getattr(self._store, "poll_interval", timedelta(milliseconds=50)).total_seconds()
         try:
             if wakeups is not None:
                 wakeups.start()
-            mark = self._read_number  # only a read issued after this may answer the first read
+            mark = self._tick()  # only a read issued after this may answer the first read
             while True:
                 if wake is not None:
                     wake.event.clear()
@@ -282,17 +283,17 @@ class AsyncStore:
                 step = remaining if listening else min(remaining, poll)
                 if cancel is not None:
                     step = min(step, CANCEL_CHECK.total_seconds())
-                mark = self._read_number
+                mark = self._tick()
                 if wake is not None:
                     try:
                         async with asyncio.timeout(step):
                             await wake.event.wait()
                         mark = wake.mark  # a read issued once the wake fired saw the commit that fired it
                     except TimeoutError:
-                        mark = self._read_number
+                        mark = self._tick()
                 else:
                     await asyncio.sleep(step)
-                    mark = self._read_number
+                    mark = self._tick()
                 if cancel is not None and cancel.is_set():
                     raise CancelledError(operation)
                 if self.closed:
@@ -300,6 +301,10 @@ class AsyncStore:
         finally:
             if wake is not None and wakeups is not None:
                 wakeups.waiters.remove(thread_id, wake)
+
+    def _tick(self) -> int:
+        """The next number: reads are numbered as issued, wakes stamped as they fire, from one sequence."""
+        return next(self._numbers)
 
     async def _shared_read(
         self, loop: asyncio.AbstractEventLoop, thread_id: str, after_seq: int, limit: int, mark: int
@@ -315,8 +320,7 @@ class AsyncStore:
         key = (id(loop), thread_id, after_seq, limit)
         shared = self._reads.get(key)
         if shared is None or (shared.started.is_set() and shared.number <= mark):
-            self._read_number += 1
-            shared = _SharedRead(self._read_number)
+            shared = _SharedRead(self._tick())
             shared.future = loop.create_task(self._read(thread_id, after_seq, limit, shared.started))
             self._reads[key] = shared
 
