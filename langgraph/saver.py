@@ -6,6 +6,7 @@ README "LangGraph" documents the mapping, the fencing and the limits; this modul
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import functools
 import threading
@@ -330,6 +331,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 return self._tuple(item, ())
             return None
         v.check_id("checkpoint_id", wanted)
+        found: Checkpoint | None
+        writes: tuple[PendingWrite, ...]
         if latest is not None and latest.checkpoint.id == wanted:
             found, writes = latest.checkpoint, latest.pending_writes
         else:
@@ -438,10 +441,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     # -- thread-wide operations ------------------------------------------------------------------------------------
 
-    def _namespaces(self, thread_id: str) -> list[str]:
+    def _namespaces(self, thread_id: str) -> builtins.list[str]:
         """The threadloom threads of LangGraph thread ``thread_id``: its subgraph namespaces, then the root."""
         root = m.store_thread(thread_id, "")
-        found: list[str] = []
+        found: builtins.list[str] = []
         after: str | None = None
         while True:
             page = self.store.children(root, limit=rules.MAX_PAGE, after=after)
@@ -513,7 +516,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 break
             query = ThreadQuery(tenant_id=self.tenant_id, limit=ThreadQuery.MAX_LIMIT, after=page.next)
 
-    def _hide_runs(self, name: str, runs: list[str]) -> None:
+    def _hide_runs(self, name: str, runs: builtins.list[str]) -> None:
         present = [run for run in runs if self.store.lookup_run(name, [run]) is not None]
         if not present:
             return
@@ -614,7 +617,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             item = await self._run(functools.partial(next, items, done))
             if item is done:
                 return
-            yield item  # type: ignore[misc]
+            yield item
 
     async def aput(
         self, config: RunnableConfig, checkpoint: LgCheckpoint, metadata: CheckpointMetadata,
