@@ -157,3 +157,19 @@ def test_interrupt_kill_resume_postgres(tmp_path, monkeypatch) -> None:
         saver.close()
     finally:
         harness.cleanup()
+
+
+def test_the_readme_langgraph_section_runs_as_written(tmp_path) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    start = text.index("\n## LangGraph\n")
+    section = text[start : text.find("\n## ", start + 1)]
+    blocks = re.findall(r"^```python\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 1
+    done = subprocess.run([sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if not line.startswith("20")] == [
+        "{'question': 'ship it?'}", "yes"]
+    assert (tmp_path / "langgraph.db").exists()
