@@ -13,11 +13,10 @@ import threading
 import time
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import attrs
 
-from threadloom.domain.errors import ProcessingError, StaleClaim, ThreadBusy
+from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, ThreadBusy
 from threadloom.domain.values import ClaimRequest, PendingWrite
 from threadloom.langgraph import _mapping
 from threadloom.persistence.base import Checkpointer
@@ -95,11 +94,17 @@ class Holds:
 
         Raises:
             StaleClaim: the saver's claim on the thread was lost (taken over or deleted) and the run has not been
-                quiet for ``idle_release`` since; nothing written.
+                quiet for ``idle_release`` since (an ``explicit`` hold starts a new run instead); nothing written.
+            StoreClosed: the saver was closed.
             ThreadBusy: another run holds the thread (after waiting up to ``wait`` when given).
         """
+        if self._stop.is_set():
+            raise StoreClosed("langgraph", "the saver is closed; nothing written")
         with self._lock:
             hold = self._holds.get(thread_id)
+            if hold is not None and hold.lost is not None and explicit:
+                del self._holds[thread_id]  # a new run begins explicitly: the lost run's marker ends here
+                hold = None
             if hold is None:
                 gate = self._claiming.setdefault(thread_id, threading.Lock())
         if hold is not None:
@@ -225,8 +230,3 @@ class Holds:
             self._store.release(thread_id, token)
         except ProcessingError as error:  # the claim then expires after its ttl
             log.warning("langgraph.release_failed", thread_id=thread_id, error=str(error))
-
-
-def describe(hold: Any) -> str:
-    """A short text naming a hold, for error messages."""
-    return f"thread {hold.thread_id!r} (token {hold.token})"

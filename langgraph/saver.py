@@ -162,9 +162,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         Use it around a run (``with saver.hold(tid): graph.invoke(..., config)``) to claim before the run reads the
         thread, to wait for another host's run to end (``wait``), and to release as soon as the run ends.
 
+        A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
+        blocks the thread's next claim.
+
         Raises:
-            ThreadBusy: another run holds the thread and did not end within ``wait`` (default: no wait).
-            StaleClaim: this saver's claim of the thread was just lost and the run has not been quiet since.
+            ThreadBusy: another run holds the thread and did not end within ``wait`` (default: no wait); nothing
+                changed, retrying later is safe.
+            StoreClosed: the saver was closed.
         """
         name = m.store_thread(thread_id, "")
         self._holds.acquire(name, explicit=True, wait=wait)
@@ -321,8 +325,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         name = m.store_thread(thread_id, ns)
         wanted = conf.get("checkpoint_id")
         latest = self.store.latest(name)
+        self._holds.seen(name, latest.checkpoint.id if latest is not None else None)
         if wanted is None:
-            self._holds.seen(name, latest.checkpoint.id if latest is not None else None)
             if latest is None:
                 return None
             if not self._hidden(name, {latest.checkpoint.run_id}):
@@ -490,6 +494,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     if hold is not None:
                         self._holds.lose(hold, error)
                     raise
+            self._holds.seen(name, None)
             if hold is not None:
                 self._holds.lose(hold, StaleClaim(name, hold.token, None))
 
@@ -594,6 +599,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:032}"
 
     # -- async forms (a bounded pool of threads runs the sync code) ------------------------------------------------
+    # Every async method hands its sync form to this pool: a store call blocks one of ``workers`` threads, never
+    # the event loop. Once the stores have awaitable forms of their own, ``_run`` is the one place to change.
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._pool_lock:

@@ -326,3 +326,22 @@ def test_two_processes_postgres(tmp_path, monkeypatch) -> None:
             saver.close()
     finally:
         harness.cleanup()
+
+
+def test_a_new_hold_starts_a_new_run_after_a_delete() -> None:
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        first = _put(a, "n1")
+        a.delete_thread("n1")
+        with pytest.raises(StaleClaim):
+            _put(a, "n1", first, step=1)
+        with a.hold("n1"):
+            again = _put(a, "n1")
+        assert _ids(a, "n1") == [again["configurable"]["checkpoint_id"]]
+        assert store.current_claim("n1") is None  # released when the block ended
+    finally:
+        a.close()
+    with pytest.raises(Exception) as closed:
+        _put(a, "n2")
+    assert type(closed.value).__name__ == "StoreClosed"

@@ -173,3 +173,24 @@ def test_the_readme_langgraph_section_runs_as_written(tmp_path) -> None:
     assert [line for line in done.stdout.splitlines() if not line.startswith("20")] == [
         "{'question': 'ship it?'}", "yes"]
     assert (tmp_path / "langgraph.db").exists()
+
+
+def test_async_graph_interrupt_and_resume_sqlite(tmp_path) -> None:
+    import asyncio
+
+    async def main() -> list[str]:
+        saver = ThreadloomSaver.from_url(f"sqlite:///{tmp_path / 'async.db'}")
+        try:
+            graph = agent.build(saver)
+            config = {"configurable": {"thread_id": "t-async"}}
+            first = await graph.ainvoke({"log": ["user:hi"], "steps": 0}, config)
+            assert [i.value for i in first["__interrupt__"]] == [{"question": "approve?", "seen": 6}]
+            async with saver.ahold("t-async"):
+                done = await graph.ainvoke(Command(resume="yes"), config)
+            history = [s async for s in graph.aget_state_history(config)]
+            assert len(history) == 8
+            return done["log"]
+        finally:
+            saver.close()
+
+    assert asyncio.run(main()) == FINAL
