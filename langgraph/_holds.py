@@ -41,6 +41,7 @@ class Hold:
     moved: tuple[str | None, str | None] | None = None
     lost: StaleClaim | None = None
     last_used: float = attrs.field(factory=time.monotonic)
+    renewed_at: float = attrs.field(factory=time.monotonic)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -182,7 +183,7 @@ class Holds:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(min(self._renew_s, max(self._idle_s / 2, 0.05))):
+        while not self._stop.wait(max(min(self._renew_s, self._idle_s) / 4, 0.02)):
             with self._lock:
                 holds = list(self._holds.values())
             now = time.monotonic()
@@ -209,8 +210,11 @@ class Holds:
                 self._report_early(hold)
                 self._quiet_release(hold.thread_id, hold.token)
                 return
+            if now - hold.renewed_at < self._renew_s:
+                return
             try:
                 self._store.renew(hold.thread_id, hold.token, self._ttl)
+                hold.renewed_at = now
             except StaleClaim as error:
                 self.lose(hold, error)
                 log.warning("langgraph.claim_lost", thread_id=hold.thread_id, token=hold.token)

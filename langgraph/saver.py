@@ -32,6 +32,7 @@ from threadloom.domain import validation as v
 from threadloom.domain.errors import (
     CheckpointConflict,
     CheckpointNotFound,
+    OutcomeUnknown,
     StaleClaim,
     ThreadBusy,
     ValidationError,
@@ -202,6 +203,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             ValidationError: a value the serializer cannot encode as data (nothing written).
             ThreadBusy: another run holds the thread; StaleClaim: this run's claim was lost (nothing written).
             CheckpointConflict: another run wrote the thread between this run's read and its first write.
+            OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
+                (a retry is safe: fencing and the checkpoint id refuse a second copy).
         """
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
@@ -246,8 +249,15 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 checkpoint_id=checkpoint_id,
             )
             fence = (thread_id, root_hold.token) if root_hold is not None else None
-            self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
-                                      fence=fence))
+            try:
+                self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
+                                          fence=fence))
+            except OutcomeUnknown:
+                # the commit may have applied: the store knows (its latest is this checkpoint only if it did)
+                after = self.store.latest(name)
+                if after is None or after.checkpoint.id != checkpoint_id:
+                    hold.early[checkpoint_id] = early
+                    raise
             hold.stored(checkpoint_id)
             hold.regular_tasks = m.regular_tasks(early)
             hold.touch()

@@ -345,3 +345,69 @@ def test_a_new_hold_starts_a_new_run_after_a_delete() -> None:
     with pytest.raises(Exception) as closed:
         _put(a, "n2")
     assert type(closed.value).__name__ == "StoreClosed"
+
+
+def test_a_write_between_read_and_first_write_is_a_conflict(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        with b.hold("c1"):
+            first = _put(b, "c1")
+        seen = a.get_tuple(generate_config("c1"))  # A's run reads the thread...
+        with b.hold("c1"):
+            other = _put(b, "c1", first, step=1)  # ...another host's run writes it...
+        from threadloom import CheckpointConflict
+
+        with pytest.raises(CheckpointConflict):
+            _put(a, "c1", seen.config, step=1)  # ...A's run, built on what it read, is refused
+        assert _ids(a, "c1") == [other["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+        again = a.get_tuple(generate_config("c1"))  # a run that reads again may write
+        mine = _put(a, "c1", again.config, step=2)
+        assert _ids(a, "c1")[0] == mine["configurable"]["checkpoint_id"]
+    finally:
+        a.close()
+        b.close()
+
+
+class _LostAnswer:
+    """A store whose next checkpoint commits fail in flight: applied (``after``) or not (``before``), and reported
+    as ``OutcomeUnknown`` either way, as a connection dropped mid-commit would."""
+
+    def __new__(cls, inner, faults: list[str]):
+        from threadloom import OutcomeUnknown
+        from threadloom.persistence.forwarding import ForwardingCheckpointer
+
+        class Store(ForwardingCheckpointer):
+            def _forward(self, operation, *args, **kwargs):
+                if operation == "commit" and args[1].checkpoint is not None and faults:
+                    fault = faults.pop(0)
+                    if fault == "after":
+                        super()._forward(operation, *args, **kwargs)
+                    raise OutcomeUnknown("commit", "the connection was lost while the commit was in flight")
+                return super()._forward(operation, *args, **kwargs)
+
+        return Store(inner)
+
+
+def test_a_put_whose_outcome_is_unknown_learns_it_from_the_store(tmp_path) -> None:
+    from threadloom import OutcomeUnknown
+
+    faults: list[str] = []
+    store = _LostAnswer(SqliteCheckpointer.open(tmp_path / "lost.db"), faults)
+    saver = ThreadloomSaver(store, idle_release=timedelta(seconds=60))
+    try:
+        first = _put(saver, "u1")
+        faults.append("after")  # applied, answer lost: the put returns as if nothing happened
+        second = _put(saver, "u1", first, step=1)
+        faults.append("before")  # not applied: the put raises, and the same put again applies once
+        config = generate_config("u1")
+        config["configurable"]["checkpoint_id"] = second["configurable"]["checkpoint_id"]
+        checkpoint = generate_checkpoint(channel_values={"n": 2}, channel_versions={"n": 3})
+        with pytest.raises(OutcomeUnknown):
+            saver.put(config, checkpoint, generate_metadata(step=2), {"n": 3})
+        third = saver.put(config, checkpoint, generate_metadata(step=2), {"n": 3})
+        assert _ids(saver, "u1") == [third["configurable"]["checkpoint_id"], second["configurable"]["checkpoint_id"],
+                                     first["configurable"]["checkpoint_id"]]
+    finally:
+        saver.close()
+        store.close()
