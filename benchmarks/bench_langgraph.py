@@ -5,7 +5,11 @@
   SQLite file in the same directory, and against ``PostgresSaver`` on the same server (a schema each), when
   ``THREADLOOM_BENCH_PG`` names one;
 * ``get_tuple`` (the latest) and ``list(limit=100)`` median latency on a thread of 100 and of 10,000 checkpoints
-  (``--quick``: 1,000), each against the same call on LangGraph's saver holding the same checkpoints.
+  (``--quick``: 1,000), each against the same call on LangGraph's saver holding the same checkpoints (on
+  PostgreSQL after ``VACUUM ANALYZE`` of both schemas: each checkpoint deletes the previous one's pending writes,
+  and the dead rows of a fill that just ended slow both savers' reads until autovacuum runs).
+
+The graph rows take two rounds of each saver in turn and keep each one's best.
 
 LangGraph's savers come from ``langgraph-checkpoint-sqlite`` and ``langgraph-checkpoint-postgres``; without them
 (or without LangGraph) the section is skipped with the reason.
@@ -81,7 +85,19 @@ def _fill(saver: Any, thread_id: str, count: int) -> dict:
     return config
 
 
-def _latency_rows(label: str, ours: Any, theirs: Any, their_label: str, settings: Settings) -> list[Row]:
+def _rates(ours: Any, theirs: Any, seconds: float, rounds: int = 2) -> tuple[float, float]:
+    """The best supersteps/s of each saver over ``rounds`` rounds taken in turn (load from elsewhere touches both)."""
+    mine, other = 0.0, 0.0
+    for _ in range(rounds):
+        mine = max(mine, _supersteps(ours, seconds / rounds))
+        other = max(other, _supersteps(theirs, seconds / rounds))
+    return mine, other
+
+
+def _latency_rows(
+    label: str, ours: Any, theirs: Any, their_label: str, settings: Settings,
+    settle: Callable[[], None] = lambda: None,
+) -> list[Row]:
     rows = []
     sizes = (100, 1_000 if settings.quick else 10_000)
     samples = 30 if settings.quick else 200
@@ -90,6 +106,7 @@ def _latency_rows(label: str, ours: Any, theirs: Any, their_label: str, settings
         thread = f"lat-{size}-{uuid.uuid4().hex[:8]}"
         _fill(ours, thread, size)
         _fill(theirs, thread, size)
+        settle()
         config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         calls: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
             "get_tuple": (lambda c=config: ours.get_tuple(c), lambda c=config: theirs.get_tuple(c)),
@@ -133,8 +150,7 @@ def _sqlite_rows(settings: Settings) -> list[Row]:
     theirs = SqliteSaver(conn)
     theirs.setup()
     try:
-        rows = [_step_row("sqlite", _supersteps(ours, settings.seconds), _supersteps(theirs, settings.seconds),
-                          "LangGraph SqliteSaver")]
+        rows = [_step_row("sqlite", *_rates(ours, theirs, settings.seconds), "LangGraph SqliteSaver")]
         return rows + _latency_rows("sqlite", ours, theirs, "LangGraph SqliteSaver", settings)
     finally:
         ours.close()
@@ -163,9 +179,19 @@ def _postgres_rows(settings: Settings, url: str) -> list[Row]:
         theirs = PostgresSaver(conn)
         theirs.setup()
         ours = ThreadloomSaver.from_url(url, config=PostgresCheckpointerConfig(schema=ours_schema))
-        rows = [_step_row("postgres", _supersteps(ours, settings.seconds), _supersteps(theirs, settings.seconds),
-                          "LangGraph PostgresSaver")]
-        return rows + _latency_rows("postgres", ours, theirs, "LangGraph PostgresSaver", settings)
+        rows = [_step_row("postgres", *_rates(ours, theirs, settings.seconds), "LangGraph PostgresSaver")]
+
+        def vacuum() -> None:
+            # Each checkpoint replaces the previous one's pending writes in both savers: measure the steady state
+            # autovacuum keeps, not the dead rows of a fill that just ended.
+            with psycopg.connect(url, autocommit=True, connect_timeout=10) as admin:
+                for schema in (ours_schema, their_schema):
+                    tables = admin.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))
+                    for (table,) in tables.fetchall():
+                        admin.execute(sql.SQL("VACUUM ANALYZE {}.{}").format(sql.Identifier(schema),
+                                                                             sql.Identifier(table)))
+
+        return rows + _latency_rows("postgres", ours, theirs, "LangGraph PostgresSaver", settings, vacuum)
     finally:
         if ours is not None:
             ours.close()

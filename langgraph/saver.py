@@ -450,7 +450,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
             if parent else None
         )
-        pending = m.fold_writes(self.serde, item.thread_id, (w for w in writes if w.checkpoint_id == item.id))
+        own = [w for w in writes if w.checkpoint_id == item.id] if writes else []
+        pending = m.fold_writes(self.serde, item.thread_id, own) if own else []
         return CheckpointTuple(config, checkpoint, metadata, parent_config, pending)
 
     # -- thread-wide operations ------------------------------------------------------------------------------------
