@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import attrs
 
@@ -67,7 +68,7 @@ class Holds:
         self._idle_s = idle_release.total_seconds()
         self._tenant = tenant_id
         self._lock = threading.Lock()
-        self._claiming: dict[str, threading.Lock] = {}
+        self._gates: dict[str, list[Any]] = {}  # thread -> [lock, users]: one claim per thread at a time
         self._holds: dict[str, Hold] = {}
         self._seen: dict[str, str | None] = {}
         self._stop = threading.Event()
@@ -106,8 +107,6 @@ class Holds:
             if hold is not None and hold.lost is not None and explicit:
                 del self._holds[thread_id]  # a new run begins explicitly: the lost run's marker ends here
                 hold = None
-            if hold is None:
-                gate = self._claiming.setdefault(thread_id, threading.Lock())
         if hold is not None:
             if hold.lost is not None:
                 hold.touch()
@@ -115,39 +114,54 @@ class Holds:
             if explicit:
                 hold.explicit = True
             return hold
-        with gate:  # one claim per thread at a time from this saver (its own claim would refuse a second)
+        # one claim per thread at a time from this saver (its own claim would refuse the second)
+        with self._lock:
+            gate = self._gates.setdefault(thread_id, [threading.Lock(), 0])
+            gate[1] += 1
+        try:
+            with gate[0]:
+                return self._claim(thread_id, explicit, wait)
+        finally:
             with self._lock:
-                hold = self._holds.get(thread_id)
-            if hold is not None:
-                return self.acquire(thread_id, explicit=explicit, wait=wait)
-            holder = f"langgraph-{uuid.uuid4().hex}"
-            request = ClaimRequest(holder=holder, ttl=self._ttl, tenant_id=self._tenant)
-            deadline = time.monotonic() + (wait.total_seconds() if wait is not None else 0.0)
-            while True:
-                try:
-                    claim = self._store.claim(thread_id, request)
-                    break
-                except ThreadBusy:
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
-            try:
-                stored = self._store.latest(thread_id)
-            except BaseException:
-                self._quiet_release(thread_id, claim.token)
-                raise
-            latest = stored.checkpoint.id if stored is not None else None
-            hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
-            if stored is not None:
-                hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
-            with self._lock:
-                known = self._seen.get(thread_id, latest)
-                if known != latest:
-                    hold.moved = (known, latest)
-                self._holds[thread_id] = hold
-                self._claiming.pop(thread_id, None)
-            self._ensure_renewer()
+                gate[1] -= 1
+                if gate[1] == 0:
+                    self._gates.pop(thread_id, None)
+
+    def _claim(self, thread_id: str, explicit: bool, wait: timedelta | None) -> Hold:
+        with self._lock:
+            hold = self._holds.get(thread_id)
+        if hold is not None:  # another call of this saver claimed it meanwhile
+            if hold.lost is not None:
+                raise hold.lost
+            hold.explicit = hold.explicit or explicit
             return hold
+        holder = f"langgraph-{uuid.uuid4().hex}"
+        request = ClaimRequest(holder=holder, ttl=self._ttl, tenant_id=self._tenant)
+        deadline = time.monotonic() + (wait.total_seconds() if wait is not None else 0.0)
+        while True:
+            try:
+                claim = self._store.claim(thread_id, request)
+                break
+            except ThreadBusy:
+                if time.monotonic() >= deadline or self._stop.is_set():
+                    raise
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        try:
+            stored = self._store.latest(thread_id)
+        except BaseException:
+            self._quiet_release(thread_id, claim.token)
+            raise
+        latest = stored.checkpoint.id if stored is not None else None
+        hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
+        if stored is not None:
+            hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
+        with self._lock:
+            known = self._seen.get(thread_id, latest)
+            if known != latest:
+                hold.moved = (known, latest)
+            self._holds[thread_id] = hold
+        self._ensure_renewer()
+        return hold
 
     def lose(self, hold: Hold, error: StaleClaim) -> None:
         """Marks ``hold`` lost: every later write of the run is refused with ``error``."""
