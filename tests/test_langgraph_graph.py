@@ -194,3 +194,41 @@ def test_async_graph_interrupt_and_resume_sqlite(tmp_path) -> None:
             saver.close()
 
     assert asyncio.run(main()) == FINAL
+
+
+def test_subgraph_interrupt_lives_in_a_child_thread_and_goes_with_its_root() -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    class S(TypedDict, total=False):
+        x: int
+        note: str
+
+    inner = StateGraph(S)
+    inner.add_node("a", lambda s: {"x": s["x"] + 1})
+    inner.add_node("ask", lambda s: {"note": interrupt("inner?")})
+    inner.add_edge(START, "a")
+    inner.add_edge("a", "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(S)
+    outer.add_node("sub", inner.compile())
+    outer.add_node("after", lambda s: {"x": s["x"] * 10})
+    outer.add_edge(START, "sub")
+    outer.add_edge("sub", "after")
+    outer.add_edge("after", END)
+    store = InMemoryCheckpointer()
+    saver = ThreadloomSaver(store)
+    graph = outer.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "sg"}}
+    assert [i.value for i in graph.invoke({"x": 1}, config)["__interrupt__"]] == ["inner?"]
+    state = graph.get_state(config, subgraphs=True)
+    assert state.next == ("sub",) and state.tasks[0].state.next == ("ask",)
+    [child] = store.children("sg", limit=10)
+    assert child.startswith("sg::ns::sub:") and store.latest(child).checkpoint.origin.parent_thread == "sg"
+    assert graph.invoke(Command(resume="ok"), config) == {"x": 20, "note": "ok"}
+    saver.delete_thread("sg")
+    assert store.children("sg", limit=10) == [] and store.latest(child) is None
+    assert saver.get_tuple(config) is None
+    saver.close()
