@@ -77,6 +77,10 @@ def say(**fields) -> None:
 
 
 def main(argv: list[str]) -> int:
+    import structlog
+
+    # The library's log lines (its renewer logs from its own thread) go to stderr: stdout carries the JSON lines.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     store, thread, action = argv[:3]
     config = {"configurable": {"thread_id": thread}}
     if action == "start":
@@ -97,7 +101,7 @@ def main(argv: list[str]) -> int:
         return 0
     if action == "hold":
         # Claims the thread with a short ttl and stops renewing (a paused host), then writes when told.
-        saver = open_saver(store, ttl=timedelta(seconds=1), renew_every=timedelta(milliseconds=300),
+        saver = open_saver(store, ttl=timedelta(seconds=1), renew_every=timedelta(milliseconds=200),
                            idle_release=timedelta(seconds=60))
         graph = build(saver)
         state = graph.get_state(config)

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -265,9 +264,8 @@ def _two_process_hazards(tmp_path: Path, store_arg: str, saver: ThreadloomSaver)
         # host A's run holds the thread (renewing): host B's run fails loudly instead of forking
         with pytest.raises(ThreadBusy):
             graph.invoke({"log": ["host-b:concurrent"], "steps": 0}, config)
-        host_a.send_signal(signal.SIGSTOP)  # A pauses; its claim (ttl 1 s) expires
-        time.sleep(1.5)
-        with saver.hold("h1", wait=timedelta(seconds=10)):
+        host_a.send_signal(signal.SIGSTOP)  # A pauses; B waits for its claim (ttl 1 s) to expire, then takes over
+        with saver.hold("h1", wait=timedelta(seconds=20)):
             graph.update_state(graph.get_state(config).config, {"log": ["host-b:took-over"]})
         host_a.send_signal(signal.SIGCONT)
         host_a.stdin.write("stale\n")
@@ -286,8 +284,8 @@ def _two_process_hazards(tmp_path: Path, store_arg: str, saver: ThreadloomSaver)
     try:
         assert _event(host_a) == {"event": "holding"}
         host_a.send_signal(signal.SIGSTOP)
-        time.sleep(1.5)
-        saver.delete_thread("h2")
+        with saver.hold("h2", wait=timedelta(seconds=20)):
+            saver.delete_thread("h2")
         host_a.send_signal(signal.SIGCONT)
         host_a.stdin.write("reread\n")  # it even re-reads the (now empty) thread before writing
         host_a.stdin.flush()
