@@ -276,7 +276,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Raises:
             ValidationError: a value the serializer cannot encode (nothing written); ThreadBusy, StaleClaim: as
-                :meth:`put`.
+                :meth:`put`. CheckpointConflict: another run wrote the thread between this run's read and this
+                write, which names a checkpoint that is no longer the latest (nothing written).
         """
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
@@ -291,6 +292,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         with hold.lock:
             self._check_live(hold)
             hold.touch()
+            if hold.moved is not None and checkpoint_id != hold.latest:
+                # another run wrote the thread since this run read it: its writes name a view that is gone
+                raise CheckpointConflict(name, checkpoint_id, hold.latest)
             if checkpoint_id != hold.latest:
                 if checkpoint_id in hold.committed or self.store.checkpoint(name, checkpoint_id) is not None:
                     log.debug("langgraph.late_writes", thread_id=name, checkpoint_id=checkpoint_id, task_id=task_id)

@@ -357,7 +357,10 @@ def test_a_write_between_read_and_first_write_is_a_conflict(two_stores) -> None:
         from threadloom import CheckpointConflict
 
         with pytest.raises(CheckpointConflict):
-            _put(a, "c1", seen.config, step=1)  # ...A's run, built on what it read, is refused
+            a.put_writes(seen.config, [("n", "a")], "task-a")  # ...A's run, built on what it read, is refused
+        with pytest.raises(CheckpointConflict):
+            _put(a, "c1", seen.config, step=1)
+        assert b.get_tuple(other).pending_writes == []
         assert _ids(a, "c1") == [other["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
         again = a.get_tuple(generate_config("c1"))  # a run that reads again may write
         mine = _put(a, "c1", again.config, step=2)
