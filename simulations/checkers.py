@@ -47,22 +47,28 @@ CHECKS: tuple[str, ...] = (
     "tokens strictly increase",
     "no stale-token write applied",
     "commits apply whole",
+    "events stored as committed",
     "gap-free event log",
     "event numbers never reused",
     "tombstone numbering",
+    "effects recorded only by fenced commits",
     "effects run only after their intent",
     "effects never run again once recorded",
     "re-executions share one idempotency key",
     "retention keeps the latest checkpoint",
+    "retention keeps the latest checkpoint's events",
     "retention keeps protected checkpoints",
     "no child a live run may take up is deleted",
     "subscriptions deliver once in order",
     "at most one live lease",
+    "lease attempts strictly increase",
     "no stale lease write applied",
     "clean shutdown",
     "every queued run completes",
     *WALK_CHECKS,
     "every walk completes",
+    "progress",
+    "tasks end cleanly",
 )
 """The names of the invariants the oracle and the runner check (``threadloom simulate`` lists them)."""
 
@@ -414,6 +420,7 @@ class Oracle:
             if not previous.ended and previous.expires_at > now:
                 self.fail(
                     "at most one live lease",
+    "lease attempts strictly increase",
                     f"entry {entry_id}: attempt {lease.attempt} leased while attempt {previous.attempt} was live "
                     f"until {previous.expires_at.isoformat()}",
                 )
