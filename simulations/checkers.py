@@ -420,7 +420,6 @@ class Oracle:
             if not previous.ended and previous.expires_at > now:
                 self.fail(
                     "at most one live lease",
-    "lease attempts strictly increase",
                     f"entry {entry_id}: attempt {lease.attempt} leased while attempt {previous.attempt} was live "
                     f"until {previous.expires_at.isoformat()}",
                 )
