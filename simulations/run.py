@@ -577,7 +577,7 @@ class _Seed:
         def stop() -> None:
             runtime.close()
             self.oracle.log("SEED", f"retired {name}")
-            self.oracle.probe("node_retired")
+            self.oracle.probe("v1_retired")
             node.dead = True
 
         self.world.spawn(node, "retire", stop)

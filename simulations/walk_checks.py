@@ -75,7 +75,7 @@ class WalkChecks:
         return self.oracle.inner._stamped_thread(thread_id)
 
     def _touch(self, store: Any, thread_id: str, graph_id: str | None, commit: bool) -> None:
-        if graph_id is None:
+        if graph_id is None or getattr(store, "access", None) is None:
             return
         self.touched.setdefault(thread_id, []).append(
             (self.oracle.ops, self._schema(store, graph_id).hash, commit)

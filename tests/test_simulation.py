@@ -104,7 +104,7 @@ def test_two_thousand_seeds_pass_with_every_fault_kind():
         "slow_call",
         # access walks (about one seed in five)
         "rolling_release",
-        "node_retired",
+        "v1_retired",
         "walk_completed",
         "walk_replaced",
         "walk_lease_takeover",
@@ -209,7 +209,7 @@ def test_a_walk_seed_rolls_from_v1_to_v2_and_completes_the_v2_walk():
     assert "boot n1 release v1" in trace and "release v2" in trace and "rolling release to v2" in trace
     assert "stamp_thread t" in trace and "fence=threadloom#access-walk/sim-job:" in trace
     assert result.probes["walk_completed"] >= 1 and result.probes["walk_replaced"] >= 1
-    assert result.probes["walk_thread_checked"] >= 1 and result.probes["node_retired"] >= 1
+    assert result.probes["walk_thread_checked"] >= 1 and result.probes["v1_retired"] >= 1
 
 
 def test_walk_seeds_pass_over_sqlite():
