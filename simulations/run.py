@@ -4,9 +4,10 @@ A seed decides everything: how many nodes (runtimes, each a simulated process wi
 connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about
 half of the seeds, so rare combinations get seeds of their own), the workload (queued runs with effects and
 child threads, in about half of the seeds under a child retention that deletes a parent's older children; direct
-starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps), and the order of every step.
-Faults stop at the heal time; the seed then runs until every queued run finished
-(liveness) or the deadline passed.
+starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps; in about one seed in five, access
+walks through a rolling release and tenant-scoped reads: :mod:`threadloom.simulations.walks`), and the order of
+every step. Faults stop at the heal time; the seed then runs until every queued run finished and the last
+release's walk completed (liveness) or the deadline passed.
 
 Run from Python with :func:`simulate_seed`, or from the command line with ``threadloom simulate``.
 """

@@ -5,6 +5,9 @@ over the shared file). Each call first yields to the world (a round trip: the ot
 then may suffer the faults the seed chose: a write that fails *before* it reached the storage, or
 one that applied but whose reply was lost — both reach the caller as ``OutcomeUnknown`` — or a slow call. What
 really happened is reported to the :class:`~threadloom.simulations.checkers.Oracle`, which checks it at once.
+A walker's fenced ``stamp_thread`` may also find its node paused past the walk lease's ttl, or crashing, while
+the call is on its way. ``pressed`` is judged on the world's clock (this node's slow or failed calls of the last
+second), never the wall clock.
 """
 
 from __future__ import annotations
