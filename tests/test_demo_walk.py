@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -50,7 +51,8 @@ def assert_clean_run(report: dict[str, Any], threads: int) -> None:
     assert rows["thread rows"] == threads and rows["checkpoints"] >= 3 * threads and rows["effect records"] >= threads
     walk = report["walk"]
     assert walk["completed"] and walk["schema"] == report["schemas"]["v2"] and walk["count"] >= threads
-    assert report["v1_stopped_s"] <= report["walk_started_s"]  # the v2 walk started only once v1 stopped
+    # the v2 walk was claimed (its first record's time) only once the v1 process had exited
+    assert datetime.fromisoformat(report["walk_claimed_at"]) >= datetime.fromisoformat(report["v1_stopped_at"])
     killed, resumed = report["killed"], report["resumed"]
     assert killed is not None and resumed is not None, "no walker was killed mid-walk"
     assert killed["worker"].startswith("v2-") and resumed["worker"].startswith("v2-")
@@ -82,7 +84,9 @@ def test_the_walk_demo_on_postgresql_exits_0_with_a_clean_audit() -> None:
     schema = new_schema_name()
     url = f"{dsn}{'&' if '?' in dsn.split('@')[-1] else '?'}schema={schema}"
     try:
-        code, report, output = run_demo("--store", url, "--threads", "60", "--walk-share", "0.5", "--overlap", "1s")
+        code, report, output = run_demo(
+            "--store", url, "--threads", "60", "--walk-rate", "20", "--walk-share", "0.5", "--overlap", "1s"
+        )  # fmt: skip
         assert code == 0, output
         assert_clean_run(report, 60)
         assert report["graph_id"].startswith("support-agent-")  # a named store: a graph kind of its own

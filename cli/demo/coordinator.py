@@ -241,8 +241,8 @@ def _open_demo_store(url: str) -> Checkpointer:
 @click.option("--walk", is_flag=True,
               help="Instead: the access-walk demonstration - release v1 fills the store, v1 and v2 worker "
                    "processes run side by side, v1 stops, v2's walk re-stamps every row, its walker is SIGKILLed "
-                   "mid-walk and resumed by another process, then every row's stamp is audited (README \"The "
-                   "demonstrations\"). --runs, --workers, --concurrency and --metrics-port do not apply.")
+                   "mid-walk and resumed by another process, then every row's stamp is audited (README \"Quick "
+                   "start\"). --runs, --workers, --concurrency and --metrics-port do not apply.")
 @click.option("--threads", type=click.IntRange(4, 100_000), default=240, show_default=True,
               help="With --walk: threads release v1 leaves in the store (over four tenants).")
 @click.option("--walk-rate", type=click.FloatRange(0, min_open=True), default=40.0, show_default=True,

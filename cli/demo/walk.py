@@ -162,7 +162,7 @@ class WalkDisplay:
     def _refresh(self) -> None:
         if self._live is None:
             return
-        procs = Table(title=f"demo --walk on {self._label}"[:78], expand=False, title_justify="left")
+        procs = Table(title="worker processes", title_justify="left")
         for column in ("process", "release", "pid", "state", "commits", "share", "pressed"):
             procs.add_column(column, no_wrap=True)
         for worker in self._workers:
@@ -186,8 +186,12 @@ class WalkDisplay:
                 record.cursor or "-", f"{record.count}" + (" done" if record.completed else ""),
             )  # fmt: skip
         done = record.count if record is not None and record.schema == self._v2_hash else 0
-        bar = ProgressBar(total=self._plan.threads, completed=min(done, self._plan.threads), width=60)
-        self._live.update(Group(procs, pace, bar, Text("\n".join(self._notes[-6:]))), refresh=True)
+        progress = Table.grid(padding=(0, 1))
+        progress.add_row(
+            ProgressBar(total=self._plan.threads, completed=min(done, self._plan.threads), width=50),
+            Text(f"{done}/{self._plan.threads} threads re-stamped by v2"),
+        )
+        self._live.update(Group(procs, pace, progress), refresh=True)  # the notes print above it
 
     @property
     def _v2_hash(self) -> str:
@@ -199,6 +203,8 @@ class WalkRun:
     """What happened: the moments (seconds since start), the kill, the takeover, the checks."""
 
     v1_stopped_s: float | None = None
+    v1_stopped_at: datetime | None = None
+    walk_claimed_at: datetime | None = None
     walk_started_s: float | None = None
     walk_started_by: str | None = None
     v2_waited: bool = False
@@ -233,6 +239,21 @@ def read_view(store: Any, plan: WalkPlan, folder: Path) -> WalkView:
                 view.share = float(status["share"])
             view.pressed = bool(status.get("pressed"))
     return view
+
+
+def first_record_at(store: Any, plan: WalkPlan, schema: str) -> datetime | None:
+    """When the walk of ``schema`` was claimed: the time its first record (committed at the claim) carries."""
+    thread = walk_thread_id(DEFAULT_GROUP, plan.graph_id)
+    first: datetime | None = None
+    before: str | None = None
+    while True:
+        page = store.history(thread, limit=1000, before=before)
+        for checkpoint in page:  # newest first
+            if WalkRecord.from_state(thread, checkpoint.state).schema == schema:
+                first = checkpoint.created_at
+        if len(page) < 1000:
+            return first
+        before = page[-1].id
 
 
 def run_walk_demo(
@@ -286,6 +307,7 @@ def run_walk_demo(
         v1 = workers[0]
         exited.add(v1.name)
         stop_workers([v1])
+        run.v1_stopped_at = datetime.now(UTC)
         run.v1_stopped_s = display.elapsed()
         display.note(f"stopped v1-1 (SIGTERM, exit {v1.process.returncode}); its membership expires in "
                      f"{plan.ttl.total_seconds():g}s")  # fmt: skip
@@ -334,6 +356,7 @@ def run_walk_demo(
         view = read_view(store, plan, folder)
         run.record = view.record
         run.completed_s = display.elapsed()
+        run.walk_claimed_at = first_record_at(store, plan, v2_hash)
         display.note(f"v2's walk completed: {view.record.count if view.record else 0} threads stamped")
     finally:
         stop_workers(workers)
@@ -344,7 +367,9 @@ def run_walk_demo(
 def scenario_checks(run: WalkRun, plan: WalkPlan) -> list[Check]:
     """The scenario's own checks (the stamps are the audit's)."""
     v2_hash = release_access("v2", plan.graph_id).for_graph(plan.graph_id).hash
-    started = run.v1_stopped_s is not None and run.walk_started_s is not None
+    started = run.v1_stopped_at is not None and run.walk_claimed_at is not None
+    after = started and (run.walk_claimed_at or datetime.min) >= (run.v1_stopped_at or datetime.max)
+    gap = (run.walk_claimed_at - run.v1_stopped_at).total_seconds() if started else 0.0  # type: ignore[operator]
     checks = [
         Check(
             name="v2's walk waited while v1 ran",
@@ -354,11 +379,15 @@ def scenario_checks(run: WalkRun, plan: WalkPlan) -> list[Check]:
         ),
         Check(
             name="v2's walk started only after v1 stopped",
-            passed=started and (run.walk_started_s or 0) >= (run.v1_stopped_s or 0),
-            figure=f"v1 stopped at {run.v1_stopped_s or 0:.1f}s, walk seen at {run.walk_started_s or 0:.1f}s"
+            passed=after,
+            figure=f"claimed {gap:.1f}s after v1 exited (membership ttl {plan.ttl.total_seconds():g}s)"
             if started
             else "-",
-            problems=() if started else ("v2's walk never started",),
+            problems=()
+            if after
+            else ("v2's walk never started",)
+            if not started
+            else (f"v2's walk was claimed {-gap:.1f}s before v1 stopped",),
         ),
     ]
     if plan.crash:

@@ -73,6 +73,8 @@ class WalkResult:
             "workers": [{"name": w.name, "pid": w.pid, "status": w.status()} for w in self.workers],
             "v1_stopped_s": self.run.v1_stopped_s,
             "walk_started_s": self.run.walk_started_s,
+            "v1_stopped_at": None if self.run.v1_stopped_at is None else self.run.v1_stopped_at.isoformat(),
+            "walk_claimed_at": None if self.run.walk_claimed_at is None else self.run.walk_claimed_at.isoformat(),
             "walk_started_by": self.run.walk_started_by,
             "killed": self.run.killed,
             "resumed": self.run.resumed,
@@ -143,6 +145,7 @@ def run_walk_command(ctx: click.Context, named: str | None, plan: WalkPlan, *, k
         store = _open(url, plan)  # before the fill: a bad URL is refused before anything is written
         display = WalkDisplay(console, plan, label, live=console.is_terminal and not state.json_output)
         with display:
+            display.note(f"store {label}")
             display.note(f"release v1 fills {plan.threads} threads of {plan.graph_id} for {len(TENANTS)} tenants")
             owners = fill(url, plan)
             run, workers = run_walk_demo(store, url, plan, folder, display, level)
