@@ -208,7 +208,7 @@ def run(settings: Settings) -> list[Row]:
         import langgraph.graph  # noqa: F401
     except ImportError as error:
         raise SectionUnavailable(
-            f"needs LangGraph and langgraph-checkpoint-sqlite (pip install 'threadloom[langgraph]' "
+            f"needs LangGraph and langgraph-checkpoint-sqlite (pip install -e '.[langgraph]' "
             f"langgraph-checkpoint-sqlite): {error}"
         ) from None
     restore = quiet_logs()

@@ -1,6 +1,6 @@
 """``threadloom.langgraph``: a fenced LangGraph checkpoint saver over any threadloom store (README "LangGraph").
 
-Needs the ``langgraph`` extra (``pip install 'threadloom[langgraph]'``); the rest of threadloom never imports
+Needs the ``langgraph`` extra (from a clone: ``pip install -e '.[langgraph]'``); the rest of threadloom never imports
 LangGraph.
 """
 
