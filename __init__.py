@@ -54,6 +54,8 @@ _EXPORTS: dict[str, str] = {
     "ForwardingCheckpointer": "threadloom.persistence.forwarding",
     "SystemClock": "threadloom.persistence.clock",
     "open_store": "threadloom.persistence",
+    "AsyncStore": "threadloom.persistence.aio",
+    "open_async_store": "threadloom.persistence.aio",
     "RunQueue": "threadloom.persistence.queue",
     "InMemoryCheckpointer": "threadloom.persistence.memory",
     "SqliteCheckpointer": "threadloom.persistence.sqlite",
@@ -169,6 +171,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         ThreadSummary,
     )
     from threadloom.persistence import open_store
+    from threadloom.persistence.aio import AsyncStore, open_async_store
     from threadloom.persistence.base import Checkpointer, StoreBase
     from threadloom.persistence.clock import SystemClock
     from threadloom.persistence.forwarding import ForwardingCheckpointer

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import uuid
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from threadloom.actors.aio import is_async_callable, refuse_async_effect
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ChildRetention
 from threadloom.domain import validation as v
@@ -238,8 +240,10 @@ class Step:
         return CheckpointStatus.SUSPENDED if self.suspended else CheckpointStatus.RUNNING
 
 
-Node = Callable[[Any, "NodeContext"], Step]
-"""A graph node: ``node(state, ctx) -> Step``. It runs off the actor's thread; it may block."""
+Node = Callable[[Any, "NodeContext"], Any]
+"""A graph node: ``node(state, ctx) -> Step``, run on a task thread of its own (it may block), or
+``async def node(state, ctx) -> Step``, run on the runtime's event loop (README "asyncio"; it must not block).
+Neither runs on an actor's thread."""
 
 
 def merge_input(state: Any, input: Any) -> Any:  # noqa: A002 - the public name
@@ -259,7 +263,8 @@ class Graph:
 
     Args:
         graph_id: the kind of graph (stored as each checkpoint's ``graph_id``; ``serve`` finds it by this id).
-        nodes: node name → ``node(state, ctx) -> Step``.
+        nodes: node name → ``node(state, ctx) -> Step`` or ``async def node(state, ctx) -> Step`` (both kinds
+            may mix in one graph; README "asyncio").
         entry: the node a new run starts at.
         merge: ``merge(state, input) -> state``: how a start's or a resume's input enters the state
             (default :func:`merge_input`); ``state`` is None for a new thread. It runs on copies, before anything
@@ -360,6 +365,7 @@ class NodeContext:
         self._token = token  # the run's claim on this thread: it fences a child's admission
         self._events: list[EventDraft] = []
         self._effects: dict[str, EffectRecord] = {}
+        self.is_async = False  # the node is ``async def``: ctx.effect may take an async function (README "asyncio")
 
     @property
     def task_id(self) -> str:
@@ -419,7 +425,10 @@ class NodeContext:
         Args:
             key: names the effect within its scope (an id).
             fn: ``fn()`` or ``fn(idempotency_key)``; returns a JSON value whose effect record fits the store's
-                ``max_json_size`` (README "Limits"). Runs on the node's thread.
+                ``max_json_size`` (README "Limits"). Runs on the node's thread. An ``async def`` function
+                (or an async ``on_uncertain``) is accepted from an ``async def`` node only: ``effect`` then
+                returns an awaitable - ``await ctx.effect(key, fn)`` - whose store calls run off the event loop
+                (README "asyncio").
             scope: ``"turn"`` (default) or ``"thread"``.
             on_uncertain: what to do when an intent was recorded but no result (an earlier execution may have
                 called ``fn``): ``"repeat"`` (default) calls ``fn`` again with the same idempotency key;
@@ -433,7 +442,9 @@ class NodeContext:
 
         Raises:
             ValidationError: a bad ``key``, ``scope`` or ``on_uncertain`` (also a callable that cannot take the
-                idempotency key as one positional argument); ``fn`` takes more than one argument;
+                idempotency key as one positional argument); ``fn`` takes more than one argument; ``fn`` is an
+                async function and the node is not ``async def`` (refused before anything is recorded, naming
+                the node); ``fn`` returned an awaitable nobody awaited (a coroutine);
                 or the result is not JSON or its record would be longer than the store's ``max_json_size``
                 (nothing is recorded then; the node fails unless it catches it, and a re-execution of the step
                 finds the intent without a result).
@@ -449,6 +460,10 @@ class NodeContext:
         _check_on_uncertain(on_uncertain)
         keys = effect_keys(self.thread_id, key, turn_id=self.turn_id if scope == "turn" else None)
         call = _effect_call(fn)
+        if is_async_callable(fn) or is_async_callable(on_uncertain):
+            if not self.is_async:
+                raise refuse_async_effect(self.node, key)
+            return self._effect_async(key, scope, on_uncertain, keys, call)
         if keys.record in self._effects:
             return v.copy_json(self._effects[keys.record].result)
         recorded = self._read_effect(keys.record)
@@ -474,6 +489,57 @@ class NodeContext:
         # thread was taken over since it read the records above stops here instead of calling.
         self._intend(key, scope, keys)
         result = call(keys.idempotency)
+        return self._record(key, keys, result)
+
+    async def _effect_async(
+        self, key: str, scope: str, on_uncertain: Any, keys: EffectKeys, call: Callable[[str], Any]
+    ) -> Any:
+        """``ctx.effect`` of an async node given an async function: the same steps, the store calls off the loop."""
+        loop = asyncio.get_running_loop()
+        if keys.record in self._effects:
+            return v.copy_json(self._effects[keys.record].result)
+        recorded = await loop.run_in_executor(None, self._read_effect, keys.record)
+        if recorded is not None:
+            return recorded.result
+        intent = await loop.run_in_executor(None, self._read_effect, keys.intent)
+        if intent is not None:
+            _log.warning(
+                "effect.uncertain",
+                thread_id=self.thread_id,
+                run_id=self.run_id,
+                graph_node=self.node,
+                key=key,
+                idempotency_key=keys.idempotency,
+                intent_run=intent.run_id,
+                on_uncertain=on_uncertain if isinstance(on_uncertain, str) else "callable",
+            )
+            if on_uncertain == "raise":
+                raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
+            if callable(on_uncertain):
+                call = on_uncertain
+        await loop.run_in_executor(None, self._intend, key, scope, keys)
+        result = call(keys.idempotency)
+        if inspect.isawaitable(result):
+            result = await result
+        return self._record(key, keys, result)
+
+    def _record(self, key: str, keys: EffectKeys, result: Any) -> Any:
+        """Checks an effect's result (JSON, within the store's limit) and keeps its record for the step's commit."""
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited: close it so it does not warn later
+            fix = (
+                "pass the async function itself, not a function returning its coroutine, and await ctx.effect"
+                if self.is_async
+                else "declare the node `async def` and await ctx.effect"
+            )
+            raise ValidationError(
+                f"effect {key!r} result",
+                (
+                    f"is {type(result).__name__}, an awaitable nobody awaited, not a JSON value (node "
+                    f"{self.node!r}): {fix}; nothing was recorded",
+                ),
+            )
         v.check_json(f"effect {key!r} result", result)
         record = EffectRecord(
             key=keys.record,
@@ -570,6 +636,12 @@ class NodeContext:
                 thread (ValidationError).
         """
         return self._start_child(thread_id, graph, input, self)
+
+    async def aspawn(self, thread_id: str, graph: Graph, input: Any = None) -> RunHandle:  # noqa: A002
+        """:meth:`spawn` for an ``async def`` node: the child's admission runs off the event loop; ``await`` the
+        returned handle for the child's outcome (README "asyncio"). Same errors as :meth:`spawn`."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.spawn, thread_id, graph, input)
 
     def _child_origin(self) -> CheckpointOrigin:
         """The origin a child spawned by this step carries."""

@@ -6,15 +6,17 @@ A :class:`~threadloom.actors.thread_actor.ThreadRun` resolves its handle's futur
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any
 
 import attrs
 
+from threadloom.actors.aio import RuntimeLoop
 from threadloom.actors.graph import Graph, NodeContext, RunOutcome
 from threadloom.actors.metrics import RuntimeMetrics
 from threadloom.actors.policies import ClaimPolicy
@@ -80,6 +82,8 @@ class RunEnv:
     track_thread: Callable[[threading.Thread], None] = lambda _thread: None
     metrics: RuntimeMetrics = attrs.field(factory=lambda: RuntimeMetrics(None, ""))
     """Where the run's events are counted (README "Metrics"); records nothing without a meter."""
+    loop: RuntimeLoop | None = None
+    """The event loop ``async def`` nodes run on (README "asyncio"); None: async nodes are not run."""
 
 
 class RunHandle:
@@ -161,6 +165,19 @@ class RunHandle:
             TimeoutError: ``timeout`` passed first; the run goes on.
         """
         self._await(self._done, timeout)
+        return self._done.result(0)
+
+    def __await__(self) -> Generator[Any, None, RunOutcome]:
+        """``outcome = await handle``: :meth:`wait` without blocking the event loop (README "asyncio").
+
+        Returns and raises as :meth:`wait`. Cancelling the awaiting task stops the await only: the run goes on
+        (call :meth:`cancel` to stop it).
+        """
+        return self._outcome().__await__()
+
+    async def _outcome(self) -> RunOutcome:
+        if not self._done.done():
+            await asyncio.shield(asyncio.wrap_future(self._done))
         return self._done.result(0)
 
     def exception(self, timeout: timedelta | None = None) -> BaseException | None:

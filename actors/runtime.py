@@ -22,6 +22,7 @@ from typing import Any
 
 import pykka
 
+from threadloom.actors.aio import AsyncRuntimeMixin, RuntimeLoop, running_loop
 from threadloom.actors.cascade import CascadeDelete
 from threadloom.actors.graph import STEP_KEY, Graph, NodeContext, RunOutcome
 from threadloom.actors.logs import log as _log
@@ -30,7 +31,7 @@ from threadloom.actors.policies import ClaimPolicy, ServePolicy, SweepSchedule, 
 from threadloom.actors.runs import RunEnv, RunHandle, RunKind, RunSpec
 from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadScheduler
 from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
-from threadloom.actors.subscription import Subscription, check_tenant
+from threadloom.actors.subscription import Subscription, Tail, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
 from threadloom.actors.walker import DEFAULT_GROUP, ShareQuery, WalkSetup, WalksQuery, store_access
 from threadloom.domain import validation as v
@@ -57,6 +58,7 @@ from threadloom.domain.values import (
     ThreadPage,
     ThreadQuery,
 )
+from threadloom.persistence.aio import AsyncStore
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.clock import SystemClock
 from threadloom.persistence.metrics.meter import Meter
@@ -85,7 +87,7 @@ def _instance(field: str, value: Any, kind: type) -> Any:
     return value
 
 
-class GraphRuntime:
+class GraphRuntime(AsyncRuntimeMixin):
     """Runs graphs on durable, fenced threads.
 
     Args:
@@ -167,6 +169,9 @@ class GraphRuntime:
         self._closed = False
         self._abandoned = False  # a run was abandoned with its node in flight (a second signal to serve)
         self._stopping = threading.Event()  # set by close() once every live run was told to stop
+        self._aio = RuntimeLoop(self.node_id)  # async nodes' event loop, started by the first (README "asyncio")
+        self._astore: AsyncStore | None = None  # async subscriptions' reads, made by the first
+        self._tails: dict[tuple[int, str], Tail] = {}  # one shared watch per thread and event loop
         self._env = RunEnv(
             store=store,
             clock=self.clock,
@@ -177,6 +182,7 @@ class GraphRuntime:
             start_child=self._start_child,
             track_thread=self._track_thread,
             metrics=self.metrics,
+            loop=self._aio,
         )
         walks = self._walk_setup(store, access, access_options, access_group, meter)
         self.access = walks.access if walks is not None else access
@@ -477,18 +483,28 @@ class GraphRuntime:
 
     # -- events -----------------------------------------------------------------------------------------------
 
-    def subscribe(self, thread_id: str, after_seq: int = 0, *, tenant_id: str | None = None) -> Subscription:
+    def subscribe(
+        self, thread_id: str, after_seq: int = 0, *, tenant_id: str | None = None, until_run_end: str | None = None
+    ) -> Subscription:
         """The thread's events with ``seq > after_seq``: replayed, then watched.
 
         Every event is delivered once, in order, without gap, whichever runtime or process committed it; to go
         on after a restart, subscribe again with the last ``seq`` handled. A subscription made before the
         thread exists sees its events from the first.
 
+        Called on a running event loop (from a coroutine), the subscription watches from a task on that loop
+        and holds no thread of its own: consume it with ``async for`` (README "asyncio"). Called from plain
+        code, it watches from a thread of its own; either kind may be consumed both ways.
+
         Args:
             thread_id: the thread.
             after_seq: deliver events after this number (0: from the first).
             tenant_id: the caller's tenant; the thread must be this tenant's (checked now, or at its first event
                 for a thread that has no checkpoint yet).
+            until_run_end: a RunId: the subscription ends once it delivered that run's end event
+                (``threadloom.run_completed``, ``run_suspended`` or ``run_failed``). A run that is cancelled,
+                loses its claim or dies writes none: the subscription then goes on (cancel it, e.g. when the
+                run's handle ends with an error). None (default): it ends only when cancelled or on an error.
 
         Raises:
             TenantMismatch: the thread is another tenant's.
@@ -497,6 +513,7 @@ class GraphRuntime:
         v.check_id("thread_id", thread_id)
         v.check_int("after_seq", after_seq, low=0)
         v.check_optional_id("tenant_id", tenant_id)
+        v.check_optional_id("until_run_end", until_run_end)
         self._ensure_open("subscribe")
         check = check_tenant(self.store, thread_id, tenant_id)
         check()
@@ -515,9 +532,15 @@ class GraphRuntime:
             tenant_check=check,
             on_end=ended,
             on_lag=self._report_lag if self.metrics.enabled else None,
+            until_run_end=until_run_end,
         )
         with self._lock:
             self._subscriptions[subscription] = None
+        if running_loop() is not None:
+            with self._lock:
+                if self._astore is None:
+                    self._astore = AsyncStore(self.store, own_store=False)
+            return subscription.start_async(self._astore, self._tails)
         return subscription.start()
 
     def _report_lag(self) -> None:
@@ -819,6 +842,9 @@ class GraphRuntime:
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
         left = self._scheduler.close(min(timeout, ABANDONED_GRACE) if self._abandoned else timeout)
+        left += self._aio.close(timeout.total_seconds())
+        if self._astore is not None:
+            self._astore.shutdown()
         with self._lock:
             threads = list(self._threads)
         current = threading.current_thread()

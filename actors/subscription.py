@@ -14,21 +14,33 @@ store (``StoreCorrupt``, ``StoreClosed``) ends the subscription with that error 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from threadloom.actors._failures import closed_under, error_kind, is_fatal, is_transient, retry_pause
+from threadloom.actors.graph import END_EVENTS
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
 from threadloom.actors.scheduler import Scheduler, Task
 from threadloom.domain.errors import CancelledError, TenantMismatch, ThreadloomError
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.wakeups import LoopWake
+
+if TYPE_CHECKING:
+    from threadloom.persistence.aio import AsyncStore
 
 PAGE = 500
 """Events read per store call."""
+
+ASYNC_WAIT = timedelta(seconds=30)
+"""How long one wait of an async subscription's watch lasts before it reads again: the store's watcher wakes it
+on a commit (README "asyncio"), so it needs no short poll; a store without a watcher is re-read every
+``poll_interval`` inside the wait."""
 
 
 class Subscription:
@@ -59,6 +71,7 @@ class Subscription:
         tenant_check: Callable[[], bool],
         on_end: Callable[[Subscription], None] = lambda _sub: None,
         on_lag: Callable[[], None] | None = None,
+        until_run_end: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.after_seq = after_seq
@@ -77,6 +90,14 @@ class Subscription:
         self._error: ThreadloomError | None = None
         self._scheduler = scheduler
         self._task: Task | None = None
+        self._until_run_end = until_run_end
+        self._wakes: set[LoopWake] = set()  # async consumers waiting in __anext__
+        self._atask: asyncio.Task[None] | None = None  # the async watch, on the loop that subscribed
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._adone = threading.Event()
+        self._tail: Tail | None = None  # the shared watch this async subscription joined
+        self._checked = False  # the tenant check passed (async subscriptions)
+        self._consumer_wake: LoopWake | None = None  # reused by __anext__ on one loop
 
     def start(self) -> Subscription:
         """Starts the watch's task (once); returns the subscription."""
@@ -84,8 +105,24 @@ class Subscription:
             self._task = self._scheduler.spawn(f"watch-{self.thread_id}", self._watch)
         return self
 
+    def start_async(self, store: AsyncStore, tails: dict[tuple[int, str], Tail] | None = None) -> Subscription:
+        """Starts the watch as a task on the running event loop (once), reading through ``store``; it holds no
+        thread while it waits. Once its replay caught up, the subscription joins the loop's :class:`Tail` of the
+        thread in ``tails`` (made if none): one watch per thread and loop, however many subscribe. Returns the
+        subscription."""
+        if self._task is None and self._atask is None:
+            self._aloop = asyncio.get_running_loop()
+            self._atask = self._aloop.create_task(self._awatch(store, {} if tails is None else tails))
+        return self
+
     def __repr__(self) -> str:
         return f"Subscription(thread_id={self.thread_id!r}, last_seq={self.last_seq})"
+
+    def _notify(self) -> None:
+        """Wakes every consumer (called under the condition)."""
+        self._cond.notify_all()
+        for wake in self._wakes:
+            wake.set()
 
     # -- the watch (its own task) -------------------------------------------------------------------------------
 
@@ -137,30 +174,120 @@ class Subscription:
         except CancelledError:
             pass
         except ThreadloomError as error:
-            error = closed_under(
-                error, store, f"the subscription to thread {self.thread_id!r}", f"subscribe again after seq {after}"
-            )
-            with self._cond:
-                self._error = error
-            if is_fatal(error, store):
-                _log.error(
-                    "subscription.ended",
-                    thread_id=self.thread_id,
-                    error=f"{type(error).__name__}: {error}",
-                    error_kind=error_kind(error),
-                )
-            else:
-                _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
+            self._fail(error, store, after)
         except Exception as error:  # the store raised something it should not: end with it, never hang
             with self._cond:
                 self._error = ThreadloomError(f"{type(error).__name__}: {error}")
         finally:
+            self._end()
+
+    def _fail(self, error: ThreadloomError, store: Checkpointer, after: int) -> None:
+        error = closed_under(
+            error, store, f"the subscription to thread {self.thread_id!r}", f"subscribe again after seq {after}"
+        )
+        with self._cond:
+            self._error = error
+        if is_fatal(error, store):
+            _log.error(
+                "subscription.ended",
+                thread_id=self.thread_id,
+                error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind(error),
+            )
+        else:
+            _log.info("subscription.ended", thread_id=self.thread_id, error=f"{type(error).__name__}: {error}")
+
+    def _end(self) -> None:
+        with self._cond:
+            if self._ended:
+                return
+            self._ended = True
+            self._notify()
+        self._adone.set()
+        self._on_end(self)
+
+    async def _awatch(self, astore: AsyncStore, tails: dict[tuple[int, str], Tail]) -> None:
+        """The async watch's first part (a task on the subscriber's loop): replays with ``events_after`` pages,
+        then joins the thread's :class:`Tail` on this loop, which delivers every later batch."""
+        store, policy = astore.store, self._policy
+        after = self.after_seq
+        failures = 0
+        joined = False
+        try:
+            while not self._cancel.is_set():
+                try:
+                    caught_up = False
+                    batch = await astore.events_after(self.thread_id, after, PAGE)
+                    if batch and not self._checked:
+                        self._checked = await astore.call(self._tenant_check)
+                    caught_up = len(batch) < PAGE
+                except ThreadloomError as error:
+                    if not is_transient(error, store):
+                        raise
+                    failures += 1
+                    await asyncio.sleep(self._retry_note(failures, after, error))
+                    continue
+                failures = 0
+                if not self._deliver(batch):
+                    return
+                if batch:
+                    after = batch[-1].seq
+                if not caught_up:
+                    continue
+                if not policy.enabled:
+                    return
+                key = (id(self._aloop), self.thread_id)
+                tail = tails.get(key)
+                if tail is None or tail.ended:
+                    tail = tails[key] = Tail(astore, self.thread_id, after, tails, key)
+                if tail.position > after:
+                    continue  # the tail is ahead: read the gap first (no await between this check and joining)
+                tail.join(self)
+                self._tail = tail
+                joined = True
+                return
+        except (CancelledError, asyncio.CancelledError):
+            pass
+        except ThreadloomError as error:
+            self._fail(error, store, after)
+        except Exception as error:  # the store raised something it should not: end with it, never hang
             with self._cond:
-                self._ended = True
-                self._cond.notify_all()
-            self._on_end(self)
+                self._error = ThreadloomError(f"{type(error).__name__}: {error}")
+        finally:
+            if not joined:
+                self._end()
+
+    def _retry_note(self, failures: int, after: int, error: ThreadloomError) -> float:
+        """Logs ``subscription.retrying`` and returns the pause before the next read, in seconds."""
+        pause = retry_pause(failures)
+        _log.warning(
+            "subscription.retrying",
+            thread_id=self.thread_id,
+            after_seq=after,
+            attempt=failures + 1,
+            pause_ms=pause.total_seconds() * 1000,
+            error=f"{type(error).__name__}: {error}",
+            error_kind=error_kind(error),
+        )
+        return pause.total_seconds()
+
+    async def _take(self, batch: list[EventRecord], astore: AsyncStore) -> bool:
+        """A batch from the tail: checks the tenant once, queues it; False when the subscription ended."""
+        try:
+            if not self._checked:
+                self._checked = await astore.call(self._tenant_check)
+        except ThreadloomError as error:
+            self._fail(error, astore.store, self._queued_seq)
+            self._end()
+            return False
+        if self._deliver(batch):
+            return True
+        self._end()
+        return False
 
     def _deliver(self, batch: list[EventRecord]) -> bool:
+        """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered)."""
+        reached = False
         with self._cond:
             if self._cancelled:
                 return False
@@ -168,11 +295,14 @@ class Subscription:
                 if event.seq > self._queued_seq:  # never twice, whatever a store returns
                     self._queue.append(event)
                     self._queued_seq = event.seq
+                    if event.type in END_EVENTS and event.run_id == self._until_run_end:
+                        reached = True
+                        break
             if batch:
-                self._cond.notify_all()
+                self._notify()
         if batch and self._on_lag is not None:
             self._on_lag()
-        return True
+        return not reached
 
     # -- the consumer -------------------------------------------------------------------------------------------
 
@@ -231,6 +361,36 @@ class Subscription:
             self._on_lag()
         return event
 
+    def __aiter__(self) -> Subscription:
+        """``async for event in subscription``: :meth:`__iter__` without blocking the event loop."""
+        return self
+
+    async def __anext__(self) -> EventRecord:
+        """The next event, awaiting it; ends (``StopAsyncIteration``) as :meth:`get` returns None, and raises
+        the error the watch ended with once every event before it was delivered."""
+        while True:
+            with self._cond:
+                if self._cancelled:
+                    raise StopAsyncIteration
+                if self._queue:
+                    event = self._queue.popleft()
+                    self._last_seq = event.seq
+                    return event
+                if self._ended:
+                    if self._error is not None:
+                        raise self._error
+                    raise StopAsyncIteration
+                wake = self._consumer_wake
+                if wake is None or not wake.on_running_loop():
+                    wake = self._consumer_wake = LoopWake()
+                wake.event.clear()
+                self._wakes.add(wake)
+            try:
+                await wake.event.wait()
+            finally:
+                with self._cond:
+                    self._wakes.discard(wake)
+
     def __iter__(self) -> Iterator[EventRecord]:
         """Yields events until the subscription is cancelled or ends (then raises its error, if any)."""
         while True:
@@ -247,16 +407,126 @@ class Subscription:
         with self._cond:
             self._cancelled = True
             self._queue.clear()
-            self._cond.notify_all()
+            self._notify()
         self._cancel.set()
         if self._task is not None:
             self._task.join(timeout.total_seconds())
+        atask, aloop = self._atask, self._aloop
+        if atask is not None and aloop is not None:
+            if _on_loop(aloop):
+                self._stop_async()  # the replay task ends at its next await; the caller's loop runs it
+            else:
+                try:
+                    aloop.call_soon_threadsafe(self._stop_async)
+                except RuntimeError:  # that loop closed: the tasks are gone with it
+                    return
+                self._adone.wait(timeout.total_seconds())
+
+    def _stop_async(self) -> None:
+        """On the subscriber's loop: stops the replay task, or leaves the tail and ends."""
+        if self._atask is not None and not self._atask.done():
+            self._atask.cancel()
+        if self._tail is not None:
+            self._tail.leave(self)
+            self._end()
 
     def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.cancel()
+
+
+class Tail:
+    """One watch of a thread's log on one event loop, shared by every async subscription caught up with it.
+
+    It waits with ``await_events_after`` from :attr:`position` and hands each batch to its subscriptions (each
+    drops what it already has), so a commit watched by a thousand subscriptions costs one wake and one read.
+    A read that may pass (``StoreUnavailable``…) is made again after a pause; any other error ends every
+    subscription of the tail with it. The tail ends when its last subscription leaves.
+    """
+
+    def __init__(
+        self,
+        astore: AsyncStore,
+        thread_id: str,
+        position: int,
+        tails: dict[tuple[int, str], Tail],
+        key: tuple[int, str],
+    ) -> None:
+        self.astore = astore
+        self.thread_id = thread_id
+        self.position = position
+        self.ended = False
+        self._subscriptions: list[Subscription] = []
+        self._tails = tails
+        self._key = key
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def join(self, subscription: Subscription) -> None:
+        self._subscriptions.append(subscription)
+
+    def leave(self, subscription: Subscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+        if not self._subscriptions:
+            self._stop()
+
+    def _stop(self) -> None:
+        self.ended = True
+        if self._tails.get(self._key) is self:
+            del self._tails[self._key]
+        if self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        astore, store = self.astore, self.astore.store
+        failures = 0
+        await asyncio.sleep(0)  # the first subscription joins before the first read
+        try:
+            while self._subscriptions:
+                try:
+                    batch = await astore.await_events_after(self.thread_id, self.position, PAGE, ASYNC_WAIT)
+                except ThreadloomError as error:
+                    if not is_transient(error, store):
+                        raise
+                    failures += 1
+                    await asyncio.sleep(self._subscriptions[0]._retry_note(failures, self.position, error))
+                    continue
+                failures = 0
+                if not batch:
+                    continue
+                self.position = batch[-1].seq
+                for subscription in list(self._subscriptions):
+                    if subscription._checked:  # the usual case: no coroutine per subscription
+                        kept = subscription._deliver(batch)
+                        if not kept:
+                            subscription._end()
+                    else:
+                        kept = await subscription._take(batch, astore)
+                    if not kept:
+                        self.leave(subscription)
+        except asyncio.CancelledError:
+            pass
+        except Exception as caught:
+            failure = (
+                caught if isinstance(caught, ThreadloomError) else ThreadloomError(f"{type(caught).__name__}: {caught}")
+            )
+            for subscription in list(self._subscriptions):
+                subscription._fail(failure, store, self.position)
+                subscription._end()
+        finally:
+            self._subscriptions.clear()
+            self.ended = True
+            if self._tails.get(self._key) is self:
+                del self._tails[self._key]
+
+
+def _on_loop(loop: Any) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def check_tenant(store: Checkpointer, thread_id: str, tenant_id: str | None) -> Callable[[], bool]:

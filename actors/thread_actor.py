@@ -14,6 +14,8 @@ its own.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -34,6 +36,7 @@ from threadloom.actors._failures import (
     store_closed,
 )
 from threadloom.actors.admission import Plan
+from threadloom.actors.aio import is_async_callable
 from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import elapsed_ms
@@ -472,12 +475,41 @@ class ThreadRun:
         state = v.copy_json(self.state)
         send = self._send
 
+        loop = self.env.loop
+        if loop is not None and is_async_callable(fn):
+            ctx.is_async = True
+
+            async def execute_async() -> None:
+                """Runs the async node on the runtime's event loop and tells the actor how it ended."""
+                result: Step | None = None
+                error: BaseException | None = None
+                try:
+                    result = await fn(state, ctx)
+                    if not isinstance(result, Step):
+                        raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
+                    if result.next is not None and result.next not in graph.nodes:
+                        raise ValidationError(
+                            "step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",)
+                        )
+                except asyncio.CancelledError:  # the runtime closed with the node in flight: its step is dropped
+                    result, error = None, CancelledError("run")
+                except Exception as caught:
+                    result, error = None, caught
+                send(_NodeDone(step, node, ctx, result, error))
+
+            self.in_flight = True
+            loop.submit(execute_async())
+            return
+
         def execute() -> None:
             """Runs the node on a task thread and tells the actor how it ended."""
             result: Step | None = None
             error: BaseException | None = None
             try:
                 result = fn(state, ctx)
+                if inspect.isawaitable(result) and loop is not None:  # a plain function returning a coroutine
+                    ctx.is_async = True
+                    result = loop.run(result)
                 if not isinstance(result, Step):
                     raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
                 if result.next is not None and result.next not in graph.nodes:

@@ -4,8 +4,9 @@ On one SQLite file (and on PostgreSQL when ``THREADLOOM_BENCH_PG`` names a serve
 without declarations wrote, so that a node declaring a new attribute must re-stamp them all:
 
 - live commits/s of four writer threads (each commit a checkpoint and one event) while a runtime walks at
-  ``walk_share=0.1``, against the same workload with no walk, measured in the same run, alternating a phase of
-  each twice so that load from elsewhere touches both alike (goal: at least 0.9x);
+  ``walk_share=0.1``, against the same workload with no walk, measured in the same run, in four rounds of a phase of
+  each whose order alternates (with-without, without-with, ...), so that a drift of the load from elsewhere touches
+  both alike; the note lists each round's ratio, which shows how noisy the machine was (goal: at least 0.9x);
 - the p99 commit latency in the same two phases (goal: at most 1.1x; SQLite serializes the walk's transactions
   with the commits, so a commit may wait for one);
 - the walk's measured share - the time its ``stamp_thread`` calls took over the walk's elapsed time while it ran -
@@ -45,6 +46,9 @@ PG_ENV = "THREADLOOM_BENCH_PG"
 GRAPH = "walked"
 WRITERS = 4
 SHARE = 0.1
+ROUNDS = 4
+"""Rounds of a phase with the walk and one without; the order alternates (ABBA) so a drift in the machine's load
+touches both alike."""
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -139,27 +143,35 @@ def _measure(name: str, url: str, settings: Settings, threads: int, cleanup: Cal
         timed = _TimedStamps(store)
         _fill(writer, threads, "w")
         options = AccessStampOptions(interval=timedelta(seconds=1), walk_share=SHARE, walk_rate=10_000.0)
-        half = max(settings.seconds / 2, 0.25)
+        phase = max(settings.seconds / 2, 0.25)  # as long as before the rounds were four: the share is paced per
+        # thread, so a phase much shorter than a second is dominated by one long stamp (a lock wait) and its pause
         walking: list[float] = []
         quiet: list[float] = []
         busy = walked_s = 0.0
         done = False
-        for _ in range(2):  # alternate a phase with the walk running and one without, twice
-            runtime = GraphRuntime(timed, node_id="bench", access_options=options, access_group="share")
-            try:
-                time.sleep(0.3)  # claimed (or resumed at its cursor) and walking
-                before = timed.busy
-                began = time.perf_counter()
-                _, lat = _commit_phase(store, half, "with")
-                walked_s += time.perf_counter() - began
-                busy += timed.busy - before
-                walking += lat
-                done = done or _walk_done(runtime)
-            finally:
-                runtime.close()
-            _, lat = _commit_phase(store, half, "without")
-            quiet += lat
-        with_rate, without_rate = len(walking) / (2 * half), len(quiet) / (2 * half)
+        pairs: list[float] = []
+        for round_ in range(ROUNDS):  # ABBA: with-without, then without-with, ...: a load drift touches both alike
+            order = ("with", "without") if round_ % 2 == 0 else ("without", "with")
+            counts: dict[str, int] = {}
+            for kind in order:
+                if kind == "without":
+                    counts[kind], lat = _commit_phase(store, phase, "without")
+                    quiet += lat
+                    continue
+                runtime = GraphRuntime(timed, node_id="bench", access_options=options, access_group="share")
+                try:
+                    time.sleep(0.3)  # claimed (or resumed at its cursor) and walking
+                    before = timed.busy
+                    began = time.perf_counter()
+                    counts[kind], lat = _commit_phase(store, phase, "with")
+                    walked_s += time.perf_counter() - began
+                    busy += timed.busy - before
+                    walking += lat
+                    done = done or _walk_done(runtime)
+                finally:
+                    runtime.close()
+            pairs.append(counts["with"] / max(counts["without"], 1))
+        with_rate, without_rate = len(walking) / (ROUNDS * phase), len(quiet) / (ROUNDS * phase)
         share = busy / walked_s
         # walk threads/s at share 1.0 over a kind of its own, against a bare stamp_thread loop over another
         _fill(writer, threads, "f", "walked-full")
@@ -189,7 +201,9 @@ def _measure(name: str, url: str, settings: Settings, threads: int, cleanup: Cal
         cleanup()
     note = (
         f"{name}: {threads} threads of 3 checkpoints to walk; {WRITERS} writer threads, a checkpoint and an event"
-        " per commit; the share is the walk's stamp_thread time over the phases it ran in"
+        f" per commit, in {ROUNDS} rounds of a phase with the walk and one without (ABBA order; with/without per"
+        f" round: {', '.join(f'{r:.2f}' for r in pairs)}); the share is the walk's stamp_thread time over the"
+        " phases it ran in"
     )
     bound = " (walk completed: a lower bound)" if done else ""
     p99_with, p99_without = _p99(walking), _p99(quiet)

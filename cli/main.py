@@ -131,6 +131,11 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
         "A worker of ``threadloom demo``: serves the store's run queue with the sample graphs until SIGTERM.",
         hidden=True,
     ),
+    "demo-walk-worker": LazyCommand(
+        "threadloom.cli.demo.walk_worker:demo_walk_worker",
+        "A node of ``threadloom demo --walk``: walks its release's schema and commits live until SIGTERM.",
+        hidden=True,
+    ),
     "simulate": LazyCommand(
         "threadloom.cli.simulate:simulate_command",
         "Run the deterministic simulation of crashes and takeovers over seeds.",

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from threadloom.cli.output import EXIT_FAILED, CliError, CliState, printable, state_of
 from threadloom.domain.errors import ValidationError
+from threadloom.simulations.checkers import CHECKS
 from threadloom.simulations.regressions import REGRESSION_SEEDS
 from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, STORES, SeedResult, SimConfig, load_graph, simulate
 
@@ -165,8 +166,10 @@ def simulate_command(
     Each seed runs 2-3 simulated nodes (runtimes with their own clocks) over one store on a single thread with a
     virtual clock: queued runs with effects and child threads, direct starts, deletes, subscriptions and sweeps,
     under the faults the seed picks (crashes, pauses past the claim ttl, clock jumps, store writes failing
-    before or after they applied, slow calls). Every store call is checked against the invariants; once the
-    faults heal, every queued run must complete. Exits 1 if any seed failed, printing the shortest failing
+    before or after they applied, slow calls). About one seed in five also runs access walks: a rolling release
+    from v1 to v2 nodes, walkers paused or crashed mid-page, tenant-scoped reads. Every store call is checked
+    against the invariants (listed as "checks"); once the faults heal, every queued run and the last release's
+    walk must complete. Exits 1 if any seed failed, printing the shortest failing
     trace and the command that replays it. The same seed always gives the same trace. --store here names the
     simulated store (memory or sqlite); the global --store URL does not apply.
     """
@@ -268,6 +271,7 @@ def _document(
         "seconds": round(elapsed, 3),
         "seeds_per_second": round(len(results) / elapsed, 2) if elapsed > 0 else None,
         "runs_failed": sum(result.probes.get("entry_failed", 0) for result in results),
+        "checks": list(CHECKS),
         "steps": sum(result.steps for result in results),
         "virtual_seconds": round(sum(result.virtual_s for result in results), 3),
         "probes": {name: {"count": count, "seeds": seeds} for name, count, seeds in _histogram(results)},
@@ -310,6 +314,7 @@ def _print(
             style="red" if failed else "green",
         )
     )
+    out.print(Text(f"checks: {'; '.join(CHECKS)}"), soft_wrap=False)
     table = Table(title="probes: how often each situation occurred", title_justify="left", header_style="bold")
     for column in ("probe", "count", "seeds"):
         table.add_column(column, justify="left" if column == "probe" else "right")

@@ -5,7 +5,8 @@ the walk lease's live holder (its expiry judged by this machine's clock), and th
 holder's pace allowed when it recorded its last page (known only while a live holder walks; ``-`` otherwise).
 The graph kinds listed are those the live members of the walk group serve, plus each ``--graph`` given: a kind
 whose every node stopped is listed only by ``--graph``. With ``--follow`` a progress bar per kind shows the
-count against the kind's threads, until every listed walk is completed or Ctrl-C. The store is only read (a
+count against the kind's threads, until every listed walk is completed and no live member serves another schema
+of its kind (``waiting``: a rolling release whose walk has not started yet), or Ctrl-C. The store is only read (a
 SQLite file is opened read-only).
 """
 
@@ -30,7 +31,9 @@ COUNT_PAGE = 1000
 
 
 def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per graph kind (sorted by graph id): the record, the live holder, the live share, the members.
+    """One row per graph kind (sorted by graph id): the record, the live holder, the live share, the members,
+    and ``waiting``: the schemas live members serve that are not the record's (their walk has not started: it
+    starts once no live member serves the recorded schema, or, with no record, at the next claim).
 
     Raises:
         ProcessingError: the store failed, or a walk record does not decode (naming the walk).
@@ -58,6 +61,8 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
                 share = float(latest.checkpoint.metadata.get(SHARE_KEY, ""))
             except ValueError:
                 share = None
+        record_schema = record.schema if record else None
+        waiting = sorted({served.rpartition("@")[2] for served in serving.get(graph_id, [])} - {record_schema})
         rows.append(
             {
                 "graph_id": graph_id,
@@ -70,6 +75,7 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
                 "holder": claim.holder if live and claim is not None else None,
                 "share": share,
                 "members": sorted(serving.get(graph_id, [])),
+                "waiting": waiting,
             }
         )
     return rows
@@ -99,6 +105,7 @@ def _table(rows: list[dict[str, Any]], group: str) -> Table:
         "holder",
         "share",
         "members",
+        "waiting",
     )
     for row in rows:
         table.add_row(
@@ -111,8 +118,14 @@ def _table(rows: list[dict[str, Any]], group: str) -> Table:
             printable(row["holder"] or "-"),
             "-" if row["share"] is None else f"{row['share']:.3f}",
             printable(", ".join(row["members"]) or "-"),
+            printable(", ".join(row["waiting"]) or "-"),
         )
     return table
+
+
+def _settled(rows: list[dict[str, Any]]) -> bool:
+    """True when every row's walk is completed and no other schema's walk waits (``--follow`` ends)."""
+    return bool(rows) and all(row["completed"] and not row["waiting"] for row in rows)
 
 
 def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], every: float) -> None:
@@ -122,7 +135,7 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
         while True:
             rows = walk_rows(store, group, graphs)
             click.echo(_json_line({"group": group, "walks": rows}))
-            if rows and all(row["completed"] for row in rows):
+            if _settled(rows):
                 return
             time.sleep(every)
     progress = Progress(
@@ -145,12 +158,13 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
                     totals[graph_id] = (row["schema"], total)
                 total = max(totals[graph_id][1], 1)
                 share = "-" if row["share"] is None else f"{row['share']:.3f}"
-                detail = printable(f"schema {row['schema'] or '-'} holder {row['holder'] or '-'} share {share}")
+                waits = f" waiting {','.join(row['waiting'])}" if row["waiting"] else ""
+                detail = printable(f"schema {row['schema'] or '-'} holder {row['holder'] or '-'} share {share}{waits}")
                 if graph_id not in tasks:
                     tasks[graph_id] = progress.add_task(printable(graph_id), total=total, detail=detail)
                 done = total if row["completed"] else min(count, total)
                 progress.update(tasks[graph_id], completed=done, total=total, detail=detail)
-            if rows and all(row["completed"] for row in rows):
+            if _settled(rows):
                 return
             time.sleep(every)
 
@@ -169,7 +183,10 @@ def _json_line(document: Any) -> str:
     help="Also list this graph kind (repeatable): one no live member serves.",
 )
 @click.option(
-    "--follow", "-f", is_flag=True, help="Show a progress bar per kind until every walk completed, or Ctrl-C."
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Show a progress bar per kind until every walk completed and none waits, or Ctrl-C.",
 )
 @click.option(
     "--every",
@@ -184,7 +201,8 @@ def walks(ctx: click.Context, group: str, graphs: tuple[str, ...], follow: bool,
 
     Kinds listed: those the group's live members serve, and each --graph. The live share is the share the
     holder's pace allowed when it recorded its last page (shown only while a live holder walks). With --follow,
-    a progress bar per kind (count against the kind's threads) until every listed walk completed or Ctrl-C;
+    a progress bar per kind (count against the kind's threads) until every listed walk completed and no live
+    member serves another schema of its kind (the 'waiting' column), or Ctrl-C;
     with --json and --follow, one JSON object per line. Reads only.
     """
     from threadloom.domain.access import member_group

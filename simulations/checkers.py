@@ -19,7 +19,9 @@ record of each thread:
   or the child retention of the run that holds the parent), never while another run holds the parent and may
   take the child up again;
 * **subscriptions** deliver each event once, in order, skipping none;
-* **liveness** (checked by the runner once faults heal): every queued run finishes.
+* **liveness** (checked by the runner once faults heal): every queued run finishes, and every access walk of the
+  seed's last schema completes;
+* **access walks and stamp-checked reads**: see :mod:`threadloom.simulations.walk_checks`.
 
 The oracle reads the real store directly (never through a node) to check what a refused call left behind.
 """
@@ -35,9 +37,40 @@ from typing import Any
 from threadloom.actors.graph import INTENT_SUFFIX
 from threadloom.domain.errors import StaleClaim, ThreadBusy, ThreadloomError
 from threadloom.domain.values import Commit, EventRecord, RunClaim, SweepGuard, SweepPage
+from threadloom.simulations.walk_checks import WALK_CHECKS, WalkChecks, is_walk_thread
 from threadloom.simulations.world import EPOCH, World
 
 RUN_RECOVERED = "threadloom.run_recovered"
+
+CHECKS: tuple[str, ...] = (
+    "at most one live claim",
+    "tokens strictly increase",
+    "no stale-token write applied",
+    "commits apply whole",
+    "events stored as committed",
+    "gap-free event log",
+    "event numbers never reused",
+    "tombstone numbering",
+    "effects recorded only by fenced commits",
+    "effects run only after their intent",
+    "effects never run again once recorded",
+    "re-executions share one idempotency key",
+    "retention keeps the latest checkpoint",
+    "retention keeps the latest checkpoint's events",
+    "retention keeps protected checkpoints",
+    "no child a live run may take up is deleted",
+    "subscriptions deliver once in order",
+    "at most one live lease",
+    "lease attempts strictly increase",
+    "no stale lease write applied",
+    "clean shutdown",
+    "every queued run completes",
+    *WALK_CHECKS,
+    "every walk completes",
+    "progress",
+    "tasks end cleanly",
+)
+"""The names of the invariants the oracle and the runner check (``threadloom simulate`` lists them)."""
 
 
 class Violation(Exception):
@@ -120,6 +153,8 @@ class Oracle:
         self.idempotency: dict[tuple[str, int, str], str] = {}  # an effect's first execution's idempotency key
         self.leases: dict[int, _Lease] = {}
         self.max_token = 0  # the highest token granted on any thread
+        self.ops = 0  # store calls noted so far (orders what happened to a thread around a walk)
+        self.walks = WalkChecks(self)
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -158,6 +193,7 @@ class Oracle:
     ) -> None:
         """Records and checks one store call's true outcome (``error`` when it did not apply)."""
         who = store.node.name
+        self.ops += 1
         if error is not None:
             self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {type(error).__name__}")
             if isinstance(error, StaleClaim):
@@ -171,6 +207,12 @@ class Oracle:
                 self._thread(thread_id).release_tried = args[1]  # lost on the way: the runtime did its part
             return
         self.log(who, f"{op} {thread_id or '-'} {_args(op, args)} -> {_result(op, result)}")
+        if op in ("tenant_history", "tenant_events_after", "export_tenant"):
+            self.walks.tenant_read(store, op, args, result)
+            return
+        if op == "stamp_thread" and thread_id is not None:
+            self.walks.stamp_applied(store, thread_id, args[1] if len(args) > 1 else None)
+            return
         if thread_id is None:
             return
         handler = getattr(self, f"_on_{op}", None)
@@ -191,12 +233,14 @@ class Oracle:
         if st.current is not None and not st.released and not st.gone and st.expires_at is not None:
             now = store.store_clock.now()
             if st.expires_at > now:
+                walk = is_walk_thread(thread_id)
                 self.fail(
-                    "at most one live claim",
+                    "at most one live walk lease per graph kind" if walk else "at most one live claim",
                     f"{thread_id}: token {claim.token} granted while token {st.current} was live until "
                     f"{st.expires_at.isoformat()} (store clock {now.isoformat()})",
                 )
-        self.probe("takeover" if claim.taken_over_from is not None else "claim_granted")
+        taken = "takeover" if claim.taken_over_from is not None else "claim_granted"
+        self.probe(f"walk_lease_{taken}" if is_walk_thread(thread_id) else taken)
         st.max_token = max(st.max_token, claim.token)
         st.current, st.expires_at, st.released, st.gone = claim.token, claim.expires_at, False, False
         st.holder, st.clock = claim.holder, store.store_clock
@@ -230,11 +274,12 @@ class Oracle:
         if args[1] == st.current:
             st.released = True
 
-    def _on_commit(self, _store: Any, thread_id: str, args: tuple[Any, ...], records: list[EventRecord]) -> None:
+    def _on_commit(self, store: Any, thread_id: str, args: tuple[Any, ...], records: list[EventRecord]) -> None:
         st = self._thread(thread_id)
         commit: Commit = args[1]
         self._fenced(st, thread_id, "commit", commit.token)
         self._check_fence(thread_id, "commit", commit.fence)
+        self.walks.committed(store, thread_id, commit)
         if len(records) != len(commit.events):
             self.fail(
                 "commits apply whole", f"{thread_id}: {len(commit.events)} events committed, {len(records)} numbered"
@@ -482,7 +527,7 @@ class Oracle:
                 continue
             if st.expires_at is not None and st.clock is not None and st.expires_at <= st.clock.now():
                 continue  # e.g. a claim granted whose reply was lost: its run never knew its token
-            if st.holder.partition(":")[0] in nodes:
+            if st.holder.partition(":")[0].partition("/")[0] in nodes:  # a run's, or a walker's lease
                 self.fail("clean shutdown", f"{thread_id}: token {st.current} of run {st.holder} not released")
 
     # -- the end ----------------------------------------------------------------------------------------------
@@ -560,6 +605,14 @@ def _args(op: str, args: tuple[Any, ...]) -> str:
         return f"token={commit.token}{_fence_text(commit.fence)}{cp_text} events={len(commit.events)}{effects}"
     if op in ("events_after",):
         return f"after={args[1]}"
+    if op == "stamp_thread":
+        return _fence_text(args[1] if len(args) > 1 else None).strip()
+    if op in ("tenant_history", "tenant_events_after"):
+        return f"tenant={args[1]}"
+    if op == "export_tenant":
+        return f"tenant={args[0]}"
+    if op == "graph_threads":
+        return str(args[0])
     if op == "sweep":
         return f"after={args[2] if len(args) > 2 else None}"
     if op in ("renew_lease", "record_run", "finish", "release_lease"):
@@ -583,8 +636,16 @@ def _result(op: str, result: Any) -> str:
         return f"seqs={result[0].seq}..{result[-1].seq}" if result else "ok"
     if op == "latest":
         return "none" if result is None else f"{result.checkpoint.id}:{result.checkpoint.status.value}"
-    if op == "events_after":
+    if op in ("events_after", "tenant_events_after"):
         return f"{len(result)} events"
+    if op == "tenant_history":
+        return f"{len(result)} checkpoints"
+    if op == "export_tenant":
+        return f"{len(result.threads)} threads"
+    if op == "stamp_thread":
+        return f"rows={result}"
+    if op == "graph_threads":
+        return ",".join(result) or "none"
     if op == "sweep":
         return f"visited={len(result.visited)} pruned={len(result.pruned)} reclaimed={len(result.reclaimed)}"
     if op in ("effect", "checkpoint", "lookup_run"):

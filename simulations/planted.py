@@ -8,9 +8,10 @@ subclass only, each in one of the reference store's overridable decisions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from threadloom.domain.access import AccessSchemas
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import StaleClaim, ValidationError
 from threadloom.persistence.encoded import EncodedCommit
@@ -25,10 +26,18 @@ PLANTED_BUGS: tuple[str, ...] = (
     "effect_unfenced",
     "sweep_unguarded",
     "seq_reuse_after_delete",
+    "stamp_unfenced",
+    "stamp_unlocked",
 )
 """The bugs a simulation can plant: a commit that does not check its token; a renew that does not check its
 token; effect records written before (outside) the fenced commit; a sweep that ignores its guard and the run
-queue; event numbers that start again from 1 after a delete."""
+queue; event numbers that start again from 1 after a delete; a ``stamp_thread`` that ignores its fence (a deposed
+walker's stamp applies); a ``stamp_thread`` that derives the stamp in one step and writes it in a later one,
+outside the thread's lock (a commit landing in between has its newer stamp overwritten)."""
+
+WALK_BUGS = frozenset({"stamp_unfenced", "stamp_unlocked"})
+"""The planted bugs only an access walk (or a stamp-checked read) reaches: a seed runs walks only when none of
+the other bugs is planted, so a kept seed of those replays the workload it was found with."""
 
 
 class PlantedMemoryStore(InMemoryCheckpointer):
@@ -42,9 +51,18 @@ class PlantedMemoryStore(InMemoryCheckpointer):
         ValidationError: ``bugs`` names an unknown bug.
     """
 
-    def __init__(self, clock: Clock | None, bugs: Iterable[str]) -> None:
-        super().__init__(clock)
+    def __init__(
+        self,
+        clock: Clock | None,
+        bugs: Iterable[str],
+        *,
+        access: AccessSchemas | None = None,
+        shared: InMemoryCheckpointer | None = None,
+    ) -> None:
+        super().__init__(clock, access=access, shared=shared)
         self.bugs = frozenset(bugs)
+        self.between: Callable[[], None] = lambda: None
+        """Runs between the derivation and the write of ``stamp_unlocked`` (the simulation yields there)."""
         unknown = sorted(self.bugs - set(PLANTED_BUGS))
         if unknown:
             raise ValidationError("bugs", (f"unknown planted bug {unknown[0]!r}; known: {', '.join(PLANTED_BUGS)}",))
@@ -74,10 +92,40 @@ class PlantedMemoryStore(InMemoryCheckpointer):
             return 1  # the bug: the next incarnation numbers from 1 again
         return start
 
+    def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
+        if "stamp_unfenced" in self.bugs:
+            fence = None  # the bug: a deposed walker's stamp applies
+        if "stamp_unlocked" not in self.bugs:
+            return super()._stamp_thread(thread_id, fence)
+        with self._lock:
+            self._check_fence(fence)
+            row = self._rows.get(thread_id)
+            stamp = self._latest_stamp(row, thread_id) if row is not None else None
+        if stamp is None:
+            return 0
+        self.between()  # the bug: the write happens later, outside the lock the derivation held
+        with self._lock:
+            row = self._rows.get(thread_id)
+            if row is None:
+                return 0
+            changed = 0
+            for stored in row.history:
+                changed += stored.stamp != stamp
+                stored.stamp = stamp
+            for event in row.events:
+                changed += event.stamp != stamp
+                event.stamp = stamp
+            changed += sum(old != stamp for old in row.pending_stamps)
+            row.pending_stamps = [stamp] * len(row.pending_stamps)
+            for key in row.effects:
+                changed += row.effect_stamps.get(key) != stamp
+                row.effect_stamps[key] = stamp
+            return changed
+
     def _kept_runs(self, thread_id: str, protected: Mapping[str, frozenset[str]]) -> frozenset[str]:
         if "sweep_unguarded" in self.bugs:
             return frozenset()  # the bug: the guard's answer (and the open entries' runs) are ignored
         return super()._kept_runs(thread_id, protected)
 
 
-__all__ = ["PLANTED_BUGS", "PlantedMemoryStore"]
+__all__ = ["PLANTED_BUGS", "WALK_BUGS", "PlantedMemoryStore"]

@@ -90,5 +90,17 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
     RegressionSeed(
         seed=1, plant=("seq_reuse_after_delete",), found="a re-run after a delete numbered its events from 1 again"
     ),
+    RegressionSeed(
+        seed=7,
+        plant=("stamp_unfenced",),
+        found="a walker paused mid-page past its lease's ttl stamped a thread after another node's walker took the "
+        "walk over",
+    ),
+    RegressionSeed(
+        seed=3,
+        plant=("stamp_unlocked",),
+        found="a commit landed between the stamp's derivation and its write; the thread's rows were left with the "
+        "older attributes",
+    ),
 )
 """The kept seeds, oldest first."""

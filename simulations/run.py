@@ -4,9 +4,10 @@ A seed decides everything: how many nodes (runtimes, each a simulated process wi
 connection) share the store, which faults this seed suffers (a *swarm*: each enabled fault kind is on for about
 half of the seeds, so rare combinations get seeds of their own), the workload (queued runs with effects and
 child threads, in about half of the seeds under a child retention that deletes a parent's older children; direct
-starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps), and the order of every step.
-Faults stop at the heal time; the seed then runs until every queued run finished
-(liveness) or the deadline passed.
+starts, deletes and re-runs of deleted threads, subscriptions, periodic sweeps; in about one seed in five, access
+walks through a rolling release and tenant-scoped reads: :mod:`threadloom.simulations.walks`), and the order of
+every step. Faults stop at the heal time; the seed then runs until every queued run finished and the last
+release's walk completed (liveness) or the deadline passed.
 
 Run from Python with :func:`simulate_seed`, or from the command line with ``threadloom simulate``.
 """
@@ -37,6 +38,7 @@ from threadloom.actors.policies import ChildRetention, ClaimPolicy, ServePolicy,
 from threadloom.actors.runs import RunHandle
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import SequentialIds
+from threadloom.domain.access import AccessSchemas
 from threadloom.domain.errors import ThreadloomError, ValidationError
 from threadloom.domain.queue import EntryStatus
 from threadloom.domain.values import RetentionPolicy, SweepPolicy
@@ -44,8 +46,16 @@ from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import structlog_restored
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.simulations.checkers import Oracle
-from threadloom.simulations.planted import PLANTED_BUGS, PlantedMemoryStore
+from threadloom.simulations.planted import PLANTED_BUGS, WALK_BUGS, PlantedMemoryStore
 from threadloom.simulations.store import Faults, SimStore
+from threadloom.simulations.walks import (
+    WALK_OPTIONS,
+    is_walk_seed,
+    releases,
+    tenant_of,
+    tenant_read,
+    walk_completed,
+)
 from threadloom.simulations.world import (
     EPOCH,
     NodeClock,
@@ -282,7 +292,15 @@ class _Seed:
         self.store_clock = NodeClock(self.store_node)
         self.workdir = workdir
         self.opened: list[Checkpointer] = []
-        self.inner = self._open_store("store", self.store_clock)
+        # Walks (about one seed in five, drawn apart so the other seeds run as before; never with a user's graph,
+        # nor with a planted bug they cannot reach, so each kept planted seed replays its workload)
+        self.walking = user_graph is None and config.plant <= WALK_BUGS and is_walk_seed(seed)
+        self.releases = releases(JOB)
+        self.rolled = False  # the rolling release to v2 began: nodes booted from now on run v2
+        self.release_of: dict[str, int] = {}  # node -> 1 or 2
+        self.retired: set[str] = set()  # v1 nodes the rolling release stopped
+        self.stores: dict[str, SimStore] = {}
+        self.inner = self._open_store("store", self.store_clock, self.releases[0] if self.walking else None)
         self.oracle = Oracle(world, self.inner)
         self.faults = Faults()
         self.kinds = [kind for kind in FAULT_KINDS if kind in config.faults and rng.random() < 0.5]
@@ -292,6 +310,11 @@ class _Seed:
         if "slow" in self.kinds:
             self.faults.slow = rng.choice((0.02, 0.05, 0.1))
             self.faults.slow_for = TTL * rng.choice((0.5, 1, 2))
+        if self.walking:
+            self.faults.walk_pause = 0.15 if "pause" in self.kinds else 0.0
+            self.faults.walk_crash = 0.05 if "crash" in self.kinds else 0.0
+            self.faults.pause_node = self.pause
+            self.faults.crash_node = self.crash
         # Child retention (about half of the seeds) is drawn from a generator of its own, so that a seed without
         # it runs as it did before retention existed; seeds with planted bugs never use it, so each kept planted
         # seed replays the workload it was found with.
@@ -315,24 +338,35 @@ class _Seed:
             f"threads={len(self.threads)} retention={self.retention.max_checkpoints} "
             f"sweep_every_ms={self.sweep_every // timedelta(milliseconds=1)}"
             + (f" child_keep={self.child_keep}" if self.child_keep is not None else "")
-            + (f" planted={','.join(sorted(config.plant))}" if config.plant else ""),
+            + (f" planted={','.join(sorted(config.plant))}" if config.plant else "")
+            + (" walks" if self.walking else ""),
         )
 
-    def _open_store(self, name: str, clock: NodeClock) -> Checkpointer:
-        """The real store node ``name`` uses: the shared memory store, or its own SQLite store on the file."""
+    def _open_store(self, name: str, clock: NodeClock, access: AccessSchemas | None = None) -> Checkpointer:
+        """The real store node ``name`` uses: the shared memory store (in a walk seed, a store of its own with the
+        node's declarations over the shared storage), or its own SQLite store on the file."""
         if self.config.store == "memory":
-            if name != "store":
+            if name != "store" and not self.walking:
                 return self.inner
-            opened: Checkpointer = (
-                PlantedMemoryStore(clock, self.config.plant) if self.config.plant else InMemoryCheckpointer(clock=clock)
-            )
+            shared = self.inner if name != "store" and isinstance(self.inner, InMemoryCheckpointer) else None
+            opened: Checkpointer
+            if self.config.plant:
+                planted = PlantedMemoryStore(self.store_clock, self.config.plant, access=access, shared=shared)
+                planted.between = self._stamp_gap
+                opened = planted
+            else:
+                opened = InMemoryCheckpointer(clock=self.store_clock, access=access, shared=shared)
         else:
             from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
             assert self.workdir is not None
-            opened = SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock)
+            opened = SqliteCheckpointer.open(os.path.join(self.workdir, "sim.db"), clock=clock, access=access)
         self.opened.append(opened)
         return opened
+
+    def _stamp_gap(self) -> None:
+        """The planted ``stamp_unlocked`` bug's gap between deriving a stamp and writing it: other tasks run."""
+        self.world.sleep(timedelta(milliseconds=self.world.rng.randrange(0, 300)))
 
     # -- nodes ------------------------------------------------------------------------------------------------
 
@@ -341,9 +375,17 @@ class _Seed:
         world = self.world
         node = world.node(name)
         clock = NodeClock(node)
-        real = self._open_store(name, clock)
-        store = SimStore(real, node, self.oracle, self.faults, self.store_clock if real is self.inner else clock)
+        release = 2 if self.rolled else 1
+        access = self.releases[release - 1] if self.walking else None
+        real = self._open_store(name, clock, access)
+        memory = self.config.store == "memory"
+        store = SimStore(real, node, self.oracle, self.faults, self.store_clock if memory else clock)
         scheduler = SimScheduler(node)
+        self.stores[name] = store
+        if self.walking:
+            self.release_of[name] = release
+            self.oracle.log("SEED", f"boot {name} release v{release}")
+        walks: dict[str, Any] = {"access_options": WALK_OPTIONS} if self.walking else {}
 
         def start() -> None:
             runtime = GraphRuntime(
@@ -359,6 +401,7 @@ class _Seed:
                     every=self.sweep_every,
                 ),
                 close_timeout=timedelta(seconds=5),
+                **walks,
             )
             self.runtimes[name] = runtime
             runtime.serve(
@@ -378,7 +421,9 @@ class _Seed:
 
     def live_nodes(self) -> list[SimNode]:
         return [
-            node for name, node in self.world.nodes.items() if name in self.runtimes and not node.dead
+            node
+            for name, node in self.world.nodes.items()
+            if name in self.runtimes and not node.dead and name not in self.retired
         ]
 
     def on_some_node(self, name: str, fn: Callable[[GraphRuntime, SimNode], None]) -> None:
@@ -419,10 +464,18 @@ class _Seed:
         if "clock" in self.kinds:
             for _ in range(rng.randrange(1, 4)):
                 self.at(rng.uniform(0.05, 0.8) * heal, self.jump)
+        if self.walking:
+            self.at(rng.uniform(0.15, 0.6) * heal, self.roll)
+            for _ in range(rng.randrange(2, 7)):
+                self.at(rng.uniform(0, 1.3) * heal, functools.partial(self.read_as_tenant, rng.choice(self.threads)))
         self.at(heal, self.heal)
 
     def at(self, offset: timedelta, fn: Callable[[], None]) -> None:
         self.world.call_at(EPOCH + offset, fn)
+
+    def tenant(self, thread: str) -> str | None:
+        """The tenant of a workload thread: in a walk seed each thread is a tenant's (or the tenant-less)."""
+        return tenant_of(thread) if self.walking else None
 
     def enqueue(self, thread: str, n: int, child: bool) -> None:
         payload: dict[str, Any] = {"n": n}
@@ -431,7 +484,7 @@ class _Seed:
 
         def run(runtime: GraphRuntime, _node: SimNode) -> None:
             try:
-                entry = runtime.enqueue(thread, self.main_graph.graph_id, payload)
+                entry = runtime.enqueue(thread, self.main_graph.graph_id, payload, self.tenant(thread))
             except ThreadloomError:
                 self.oracle.probe("enqueue_failed")
                 return
@@ -443,7 +496,7 @@ class _Seed:
     def direct_start(self, thread: str, n: int) -> None:
         def run(runtime: GraphRuntime, _node: SimNode) -> None:
             try:
-                handle = runtime.start(thread, self.main_graph, {"n": n})
+                handle = runtime.start(thread, self.main_graph, {"n": n}, self.tenant(thread))
             except ThreadloomError as error:
                 self.oracle.probe(f"direct_start_refused.{type(error).__name__}")
                 return
@@ -458,7 +511,7 @@ class _Seed:
     def delete(self, thread: str) -> None:
         def run(runtime: GraphRuntime, _node: SimNode) -> None:
             try:
-                runtime.delete_thread(thread)
+                runtime.delete_thread(thread, self.tenant(thread))
                 self.oracle.probe("delete_applied")
             except ThreadloomError as error:
                 self.oracle.probe(f"delete_refused.{type(error).__name__}")
@@ -468,7 +521,7 @@ class _Seed:
     def subscribe(self, thread: str) -> None:
         def run(runtime: GraphRuntime, node: SimNode) -> None:
             try:
-                subscription = runtime.subscribe(thread)
+                subscription = runtime.subscribe(thread, tenant_id=self.tenant(thread))
             except ThreadloomError as error:
                 self.oracle.probe(f"subscribe_refused.{type(error).__name__}")
                 return
@@ -490,13 +543,56 @@ class _Seed:
 
         self.on_some_node("subscriber", run)
 
+    def read_as_tenant(self, thread: str) -> None:
+        """A client's stamp-checked read of ``thread`` (now and then as another tenant) on some node."""
+        rng = self.world.rng
+        tenant = self.tenant(thread) if rng.random() < 0.7 else rng.choice(("acme", "globex", None))
+
+        def run(_runtime: GraphRuntime, node: SimNode) -> None:
+            self.oracle.probe(tenant_read(self.stores[node.name], rng, thread, tenant))
+
+        self.on_some_node("tenant-read", run)
+
+    # -- the rolling release ------------------------------------------------------------------------------------
+
+    def roll(self) -> None:
+        """Starts release v2: a v2 node for each live v1 node, and each v1 node stopped a little later."""
+        self.rolled = True
+        rng = self.world.rng
+        old = sorted(node.name for node in self.live_nodes() if self.release_of.get(node.name) == 1)
+        self.oracle.log("SEED", f"rolling release to v2: stopping {','.join(old) or 'none'}")
+        self.oracle.probe("rolling_release")
+        for index, name in enumerate(old, start=1):
+            self.boot(f"m{index}")
+            later = self.world.now - EPOCH + timedelta(seconds=rng.uniform(0.5, 3))
+            self.at(later, functools.partial(self.retire, name))
+
+    def retire(self, name: str) -> None:
+        """Stops v1 node ``name`` cleanly (its runtime closes on the node; then the process exits)."""
+        node = self.world.nodes[name]
+        if node.dead or name in self.retired:
+            return
+        self.retired.add(name)
+        runtime = self.runtimes[name]
+
+        def stop() -> None:
+            runtime.close()
+            self.oracle.log("SEED", f"retired {name}")
+            self.oracle.probe("v1_retired")
+            node.dead = True
+
+        self.world.spawn(node, "retire", stop)
+
     # -- faults -----------------------------------------------------------------------------------------------
 
-    def crash(self) -> None:
-        nodes = self.live_nodes()
-        if len(nodes) < 1:
+    def crash(self, node: SimNode | None = None) -> None:
+        if node is None:
+            nodes = self.live_nodes()
+            if len(nodes) < 1:
+                return
+            node = self.world.rng.choice(nodes)
+        elif node.dead or node.name not in self.runtimes:
             return
-        node = self.world.rng.choice(nodes)
         node.dead = True
         self.oracle.log("FAULT", f"crash {node.name}")
         self.oracle.probe("node_crashed")
@@ -504,11 +600,14 @@ class _Seed:
         name = f"{node.name.split('r')[0]}r{self.restarts}"
         self.at(self.world.now - EPOCH + TTL * self.world.rng.uniform(0.5, 2), lambda: self.boot(name))
 
-    def pause(self) -> None:
-        nodes = [node for node in self.live_nodes() if node.paused_until is None or node.paused_until <= self.world.now]
-        if not nodes:
-            return
-        node = self.world.rng.choice(nodes)
+    def pause(self, node: SimNode | None = None) -> None:
+        if node is None:
+            nodes = [
+                node for node in self.live_nodes() if node.paused_until is None or node.paused_until <= self.world.now
+            ]
+            if not nodes:
+                return
+            node = self.world.rng.choice(nodes)
         length = TTL * self.world.rng.uniform(1.2, 3)
         node.paused_until = self.world.now + length
         self.oracle.log("FAULT", f"pause {node.name} for {length.total_seconds():.3f}s")
@@ -545,7 +644,8 @@ class _Seed:
             if self.world.now - EPOCH < HEAL_AT + TTL:
                 continue
             entries = [queue.entry(entry_id) for entry_id in self.entries]
-            if all(entry is not None and entry.status.finished for entry in entries):
+            walked = not self.walking or walk_completed(self.inner, JOB, self.releases[1].for_graph(JOB).hash)
+            if walked and all(entry is not None and entry.status.finished for entry in entries):
                 for entry in entries:
                     assert entry is not None
                     self.oracle.probe(f"entry_{entry.status.value}")
@@ -564,6 +664,10 @@ class _Seed:
                 return
             if self.world.now - EPOCH > DEADLINE:
                 open_ = [entry for entry in entries if entry is None or entry.status is EntryStatus.OPEN]
+                if not open_:
+                    self.oracle.fail("every walk completes", f"the v2 walk of {JOB} is not completed by the deadline")
+                    self.world.stop()
+                    return
                 first = open_[0]
                 detail = "an entry vanished" if first is None else (
                     f"entry {first.entry_id} on {first.thread_id} still open after {first.attempts} attempts "

@@ -5,26 +5,35 @@ over the shared file). Each call first yields to the world (a round trip: the ot
 then may suffer the faults the seed chose: a write that fails *before* it reached the storage, or
 one that applied but whose reply was lost — both reach the caller as ``OutcomeUnknown`` — or a slow call. What
 really happened is reported to the :class:`~threadloom.simulations.checkers.Oracle`, which checks it at once.
+A walker's fenced ``stamp_thread`` may also find its node paused past the walk lease's ttl, or crashing, while
+the call is on its way. ``pressed`` is judged on the world's clock (this node's slow or failed calls of the last
+second), never the wall clock.
 """
 
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from threadloom.domain.clock import Clock
-from threadloom.domain.errors import CancelledError, OutcomeUnknown, ThreadloomError
+from threadloom.domain.errors import CancelledError, OutcomeUnknown, StoreUnavailable, ThreadloomError
 from threadloom.domain.values import EventRecord, SweepGuard, SweepPage, SweepPolicy
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
 from threadloom.persistence.queue import RunQueue
 from threadloom.simulations.world import SimCrash, SimNode, World
 
-WRITES = frozenset({"claim", "renew", "release", "commit", "delete_thread"})
+WRITES = frozenset({"claim", "renew", "release", "commit", "delete_thread", "stamp_thread", "heartbeat"})
 """The store calls a fault can make fail before or after they applied."""
 
-STORE_WIDE = frozenset({"sweep", "threads", "incomplete", "tenants"})
+STORE_WIDE = frozenset(
+    {
+        "sweep", "threads", "incomplete", "tenants", "graph_threads", "token_high_water", "heartbeat", "members",
+        "export_tenant",
+    }
+)
 """The store calls that name no thread (the oracle notes them under none)."""
 
 
@@ -34,6 +43,9 @@ class Faults:
     Attributes:
         fail_before, fail_after: the chance that a write fails before it applied, or after (each 0..1).
         slow: the chance that a call is slow, and ``slow_for`` how slow at most.
+        walk_pause, walk_crash: the chance that a walker's fenced ``stamp_thread`` finds its node paused past the
+            lease's ttl while the call is on its way (it reaches the storage late), or crashing (before or after
+            the call applied); ``pause_node`` and ``crash_node`` do it.
         active: False once the faults healed.
     """
 
@@ -42,6 +54,10 @@ class Faults:
         self.fail_after = 0.0
         self.slow = 0.0
         self.slow_for = timedelta(0)
+        self.walk_pause = 0.0
+        self.walk_crash = 0.0
+        self.pause_node: Callable[[SimNode], None] = lambda _node: None
+        self.crash_node: Callable[[SimNode], None] = lambda _node: None
         self.active = True
 
 
@@ -67,6 +83,7 @@ class SimStore(ForwardingCheckpointer):
         self.oracle = oracle
         self.faults = faults
         self._queue = SimQueue(self, inner.queue) if inner.queue is not None else None
+        self._pressed_at: datetime | None = None  # the world's time of this node's last slow or failed call
 
     def __repr__(self) -> str:
         return f"SimStore({self.node.name!r})"
@@ -80,12 +97,18 @@ class SimStore(ForwardingCheckpointer):
         """Refuses this node's later calls; the real store stays open (the seed closes it)."""
         self._closed = True
 
+    def pressed(self, window: timedelta = timedelta(seconds=1)) -> bool:
+        """Whether one of this node's calls was slow, or failed with ``OutcomeUnknown`` or ``StoreUnavailable``,
+        within the last ``window`` of virtual time (the real store's signal reads the wall clock)."""
+        return self._pressed_at is not None and self.world.now - self._pressed_at <= window
+
     # -- the call ---------------------------------------------------------------------------------------------
 
     def _latency(self) -> timedelta:
         world, faults = self.world, self.faults
         if faults.active and faults.slow and world.rng.random() < faults.slow:
             self.oracle.probe("slow_call")
+            self._pressed_at = world.now
             slow_for_us = int(faults.slow_for / timedelta(microseconds=1))
             return timedelta(microseconds=world.rng.randrange(1, max(2, slow_for_us)))
         return timedelta(milliseconds=world.rng.choice((0, 0, 1, 2)))
@@ -93,7 +116,7 @@ class SimStore(ForwardingCheckpointer):
     def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
         """Every call of the contract: a yield point, the seed's faults, and the oracle's check of the outcome."""
         thread_id = None if operation in STORE_WIDE else args[0]
-        noted = (*args, kwargs["fence"]) if operation == "delete_thread" else args
+        noted = (*args, kwargs["fence"]) if operation in ("delete_thread", "stamp_thread") else args
         return self._call(operation, thread_id, noted, super()._forward, operation, *args, **kwargs)
 
     def _call(
@@ -104,7 +127,11 @@ class SimStore(ForwardingCheckpointer):
         if self.node.dead:
             raise SimCrash()
         self._ensure_open(op)
+        crash = self._walk_fault(op, noted)
         world.sleep(self._latency())
+        if crash == "before":
+            faults.crash_node(self.node)
+            raise SimCrash()
         fault = None
         if faults.active and op in WRITES:
             roll = world.rng.random()
@@ -113,19 +140,40 @@ class SimStore(ForwardingCheckpointer):
             elif roll < faults.fail_before + faults.fail_after:
                 fault = "after"
         if fault == "before":
+            self._pressed_at = world.now
             self.oracle.note(self, op, thread_id, noted, error=OutcomeUnknown(op, "the request was lost"))
             self.oracle.probe(f"outcome_unknown_not_applied.{op}")
             raise OutcomeUnknown(op, f"the request of thread {thread_id!r} was lost before it reached the storage")
         try:
             result = call(*args, **kwargs)
         except ThreadloomError as error:
+            if isinstance(error, StoreUnavailable):
+                self._pressed_at = world.now
             self.oracle.note(self, op, thread_id, noted, error=error)
             raise
         self.oracle.note(self, op, thread_id, noted, result=result)
+        if crash == "after":
+            faults.crash_node(self.node)
+            raise SimCrash()
         if fault == "after":
+            self._pressed_at = world.now
             self.oracle.probe(f"outcome_unknown_applied.{op}")
             raise OutcomeUnknown(op, f"the reply for thread {thread_id!r} was lost after the storage applied it")
         return result
+
+    def _walk_fault(self, op: str, noted: tuple[Any, ...]) -> str | None:
+        """A walker's fenced stamp may find its node paused (the call then reaches the storage after the pause) or
+        crashing: returns ``"before"`` or ``"after"`` (the call applied) for a crash, else None."""
+        faults, rng = self.faults, self.world.rng
+        if op != "stamp_thread" or noted[-1] is None or not faults.active:
+            return None
+        if faults.walk_pause and rng.random() < faults.walk_pause:
+            self.oracle.probe("walker_paused_mid_page")
+            faults.pause_node(self.node)
+        if faults.walk_crash and rng.random() < faults.walk_crash:
+            self.oracle.probe("walker_crashed_mid_page")
+            return rng.choice(("before", "after"))
+        return None
 
     # -- what the simulation does itself ----------------------------------------------------------------------
 

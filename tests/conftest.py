@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from threadloom.domain.clock import ManualClock
-from threadloom.testing.harness import START
+# ``python -m pytest`` puts the working directory on sys.path; from the repository root (the package threadloom
+# itself) that would make threadloom's ./langgraph shadow the real LangGraph package. threadloom is imported
+# through its installation, never through that entry.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
+from threadloom.domain.clock import ManualClock  # noqa: E402
+from threadloom.testing.harness import START  # noqa: E402
 
 # The machine is small and shared: a property test never fails on wall-clock time.
 settings.register_profile("threadloom", deadline=None, suppress_health_check=[HealthCheck.too_slow])

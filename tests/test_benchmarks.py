@@ -98,4 +98,24 @@ def test_walks_section_reports_live_commits_share_and_walk_speed(tmp_path):
     for row in rows:
         assert row.value > 0 and row.baseline > 0
     assert 0 < rows[2].value <= 1.0 and rows[2].baseline == 0.1
+
+
+def test_async_section_reports_runs_threads_and_the_pool(tmp_path, monkeypatch):
+    monkeypatch.delenv("THREADLOOM_BENCH_PG", raising=False)
+    bench = _bench_module("bench_async")
+    benchlib = _bench_module("benchlib")
+    rows = bench.run(benchlib.Settings(quick=True, workdir=tmp_path, seconds=0.05), runs=8, calls=40)
+    assert [row.measure for row in rows] == [
+        "completed runs/s, 8 concurrent async runs",
+        "OS threads added, 8 parked async runs",
+        "RSS per parked async run",
+        "OS threads with 8 idle async subscriptions",
+        "AsyncStore current_claim calls/s, 40 concurrent, max_workers=2",
+        "AsyncStore current_claim calls/s, 40 concurrent, max_workers=32",
+        "wake latency of idle async subscriptions (PostgreSQL)",
+    ]
+    assert rows[0].value > 0 and rows[0].baseline > 0
+    # A thread actor per run (give or take an exiting warm-up thread); a sync node adds a thread of its own.
+    assert 6 <= rows[1].value <= 10 and 14 <= rows[1].baseline <= 18
+    assert rows[3].met is True  # no thread per subscription
     assert list(tmp_path.iterdir()) == []  # the benchmark removes its files

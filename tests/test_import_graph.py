@@ -132,3 +132,38 @@ def test_imports_point_down_the_layers() -> None:
         if (low := _layer(module)) is not None and (high := _layer(target)) is not None and high > low
     ]
     assert upward == []
+
+
+def _imports_langgraph(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(name == "langgraph" or name.startswith(("langgraph.", "langchain_core")) for name in names):
+            return True
+    return False
+
+
+def test_only_threadloom_langgraph_imports_langgraph() -> None:
+    outside = [
+        name for name, path in _modules().items()
+        if not name.startswith("threadloom.langgraph") and _imports_langgraph(path)
+    ]
+    assert outside == []
+    assert _imports_langgraph(ROOT / "langgraph" / "saver.py")
+
+
+def test_import_threadloom_does_not_import_langgraph(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threadloom\n"
+        "for name in threadloom.__all__: getattr(threadloom, name)\n"
+        "import threadloom.cli.main, threadloom.persistence.sqlite.store, threadloom.actors.runtime\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('langgraph', 'langchain_core'))\n"
+        "print(loaded)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

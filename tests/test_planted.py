@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from threadloom.domain.access import AccessAttribute, AccessSchema, AccessSchemas
 from threadloom.domain.clock import ManualClock
 from threadloom.domain.errors import StaleClaim, ValidationError
 from threadloom.domain.values import (
@@ -135,3 +136,50 @@ def test_sweep_unguarded_prunes_what_the_guard_protects():
         store.sweep(SweepPolicy(retention=RetentionPolicy(max_checkpoints=1)), _Protect())
     assert [cp.id for cp in reference.history("t", limit=10)] == ["c2", "c0"]  # run-1's newest kept
     assert [cp.id for cp in planted.history("t", limit=10)] == ["c2"]
+
+
+STEPPED = AccessSchemas([AccessSchema("g", (AccessAttribute(name="step", source="metadata", key="step"),))])
+
+
+def _step(store: InMemoryCheckpointer, token: int, number: int) -> None:
+    """Commits checkpoint ``c<number>`` of thread ``t`` (graph kind ``g``, metadata ``step``) with one event."""
+    checkpoint = Checkpoint(
+        id=f"c{number}", parent=f"c{number - 1}" if number > 1 else None, thread_id="t", run_id="run-1",
+        status=CheckpointStatus.RUNNING, created_at=START, graph_id="g", metadata={"step": str(number)},
+    )
+    store.commit("t", Commit(token=token, checkpoint=checkpoint, events=[_draft()]))
+
+
+def _stamps(store: InMemoryCheckpointer) -> set[str]:
+    _, checkpoints, _, events, _ = store._stamped_thread("t")
+    return {stamp[2] for _, stamp in [*checkpoints, *events]}
+
+
+def test_stamp_unfenced_stamps_under_a_deposed_walk_lease():
+    reference = InMemoryCheckpointer(CLOCK, access=STEPPED)
+    planted = PlantedMemoryStore(CLOCK, ["stamp_unfenced"], access=STEPPED)
+    for store in (reference, planted):
+        claim = store.claim("t", ClaimRequest(holder="run-1", ttl=TTL))
+        _step(store, claim.token, 1)
+        stale = store.claim("w", ClaimRequest(holder="walker-1", ttl=timedelta(seconds=1)))
+        CLOCK.advance(timedelta(seconds=2))
+        store.claim("w", ClaimRequest(holder="walker-2", ttl=TTL))
+        if store is reference:
+            with pytest.raises(StaleClaim):
+                store.stamp_thread("t", fence=("w", stale.token))
+        else:
+            store.stamp_thread("t", fence=("w", stale.token))  # the deposed walker's stamp applies
+
+
+def test_stamp_unlocked_overwrites_a_commit_that_landed_between_derivation_and_write():
+    reference = InMemoryCheckpointer(CLOCK, access=STEPPED)
+    planted = PlantedMemoryStore(CLOCK, ["stamp_unlocked"], access=STEPPED)
+    for store in (reference, planted):
+        claim = store.claim("t", ClaimRequest(holder="run-1", ttl=TTL))
+        _step(store, claim.token, 1)
+        planted.between = lambda store=store, token=claim.token: _step(store, token, 2)  # noqa: B023
+        if store is reference:
+            _step(store, claim.token, 2)  # the reference derives and writes in one step: nothing comes between
+        store.stamp_thread("t")
+    assert _stamps(reference) == {'{"step":"2"}'}  # every row carries the latest checkpoint's attributes
+    assert _stamps(planted) == {'{"step":"1"}'}  # the commit that came between was overwritten with older ones

@@ -45,3 +45,26 @@ def test_the_access_schemas_section_runs_as_written(tmp_path: pathlib.Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["['c1'] []"], done.stdout
+
+
+def test_the_asyncio_section_runs_as_written(tmp_path: pathlib.Path) -> None:
+    blocks = section_blocks("asyncio")
+    assert len(blocks) == 1, blocks
+    # structlog's lines go to stderr: printed from other threads, they could split the block's own lines
+    logs_aside = "import sys, structlog\nstructlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", logs_aside + blocks[0]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "None",
+        "1 threadloom.run_started",
+        "2 searched",
+        "3 threadloom.run_completed",
+        "CheckpointStatus.COMPLETED RESULTS",
+    ], done.stdout

@@ -10,19 +10,23 @@ import sys
 import textwrap
 from collections import Counter
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from threadloom.cli.main import cli
 from threadloom.cli.simulate import run_seeds
+from threadloom.domain.access import WalkRecord
 from threadloom.domain.errors import ValidationError
+from threadloom.domain.values import Checkpoint, CheckpointStatus, ClaimRequest, Commit
 from threadloom.persistence import base
 from threadloom.persistence.memory.store import InMemoryCheckpointer
-from threadloom.simulations.checkers import Oracle
+from threadloom.simulations.checkers import CHECKS, Oracle
 from threadloom.simulations.planted import PlantedMemoryStore
 from threadloom.simulations.regressions import REGRESSION_SEEDS
-from threadloom.simulations.run import FAULT_KINDS, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
+from threadloom.simulations.run import FAULT_KINDS, JOB, PLANTED_BUGS, SimConfig, load_graph, simulate_seed
+from threadloom.simulations.walks import is_walk_seed, releases, walk_thread
 from threadloom.simulations.world import EPOCH, SimCrash, SimScheduler, SimStuck, SimTaskError, World
 
 CI_SEEDS = 2000
@@ -98,8 +102,23 @@ def test_two_thousand_seeds_pass_with_every_fault_kind():
         "clock_jumped_back",
         "clock_jumped_forward",
         "slow_call",
+        # access walks (about one seed in five)
+        "rolling_release",
+        "v1_retired",
+        "walk_completed",
+        "walk_replaced",
+        "walk_lease_takeover",
+        "walk_thread_checked",
+        "fence_refused.stamp_thread",
+        "walker_paused_mid_page",
+        "walker_crashed_mid_page",
+        "outcome_unknown_applied.stamp_thread",
+        "tenant_rows_returned",
+        "tenant_read.export_tenant",
     ):
         assert probes[probe] >= 10, (probe, probes[probe])
+    walked = sum(1 for r in results if r.probes.get("rolling_release"))
+    assert CI_SEEDS // 10 < walked < CI_SEEDS // 3  # walks in a fraction of the seeds (CI time)
 
 
 def test_seeds_pass_over_sqlite():
@@ -117,6 +136,10 @@ EXPECTED_INVARIANTS = {
     "effect_unfenced": {"effects recorded only by fenced commits", "effects never run again once recorded"},
     "sweep_unguarded": {"retention keeps protected checkpoints"},
     "seq_reuse_after_delete": {"event numbers never reused", "tombstone numbering"},
+    "stamp_unfenced": {"no stamp from a deposed walker"},
+    # deriving outside the write transaction: a commit landing in between is overwritten with older attributes
+    # (and the fence, checked with the derivation, may be lost by the time the stamp is written)
+    "stamp_unlocked": {"a stamp equals its thread's attributes", "no stamp from a deposed walker"},
 }
 
 
@@ -143,11 +166,18 @@ def test_a_seed_that_plants_bugs_runs_over_the_planted_store_and_a_clean_seed_ov
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(InMemoryCheckpointer, "__init__", recording_init)
-    simulate_seed(3, SimConfig(plant=frozenset(["sweep_unguarded"])))
+    assert is_walk_seed(3) and not is_walk_seed(4)
+    simulate_seed(3, SimConfig(plant=frozenset(["sweep_unguarded"])))  # a bug walks cannot reach: no walks
     assert built == [PlantedMemoryStore]
     built.clear()
-    simulate_seed(3)
+    simulate_seed(4)
     assert built == [InMemoryCheckpointer]
+    built.clear()
+    simulate_seed(3, SimConfig(plant=frozenset(["stamp_unfenced"])))  # a walk seed: a planted store per node
+    assert len(built) > 2 and set(built) == {PlantedMemoryStore}
+    built.clear()
+    simulate_seed(3)
+    assert len(built) > 2 and set(built) == {InMemoryCheckpointer}
 
 
 def test_planted_bugs_need_the_memory_store():
@@ -165,6 +195,130 @@ def test_regression_seeds_keep_their_verdicts(kept):
         assert not result.ok, f"seed {kept.seed} no longer catches {kept.plant}"
     else:
         assert result.ok, (result.invariant, result.detail)
+
+
+# -- access walks ------------------------------------------------------------------------------------------------------
+
+
+def test_a_walk_seed_rolls_from_v1_to_v2_and_completes_the_v2_walk():
+    assert is_walk_seed(13)
+    result = simulate_seed(13)
+    assert result.ok, (result.invariant, result.detail)
+    trace = "\n".join(result.trace)
+    assert " walks" in result.trace[0]
+    assert "boot n1 release v1" in trace and "release v2" in trace and "rolling release to v2" in trace
+    assert "stamp_thread t" in trace and "fence=threadloom#access-walk/sim-job:" in trace
+    assert result.probes["walk_completed"] >= 1 and result.probes["walk_replaced"] >= 1
+    assert result.probes["walk_thread_checked"] >= 1 and result.probes["v1_retired"] >= 1
+
+
+def test_walk_seeds_pass_over_sqlite():
+    seeds = [seed for seed in range(60) if is_walk_seed(seed)][:6]
+    results = [simulate_seed(seed, SimConfig(store="sqlite")) for seed in seeds]
+    assert [(r.seed, r.invariant, r.detail) for r in results if not r.ok] == []
+    assert sum(r.probes.get("walk_completed", 0) for r in results) >= len(seeds)
+    assert sum(r.probes.get("walk_stamp", 0) for r in results) > 0
+
+
+def test_a_seed_without_walks_makes_no_walk_calls():
+    assert not is_walk_seed(4)
+    trace = "\n".join(simulate_seed(4).trace)
+    assert "stamp_thread" not in trace and "heartbeat" not in trace and "walks" not in trace.splitlines()[0]
+
+
+class _Caller:
+    """What the oracle reads of the simulated store that made a call: its node's name, declarations, clock."""
+
+    def __init__(self, store: InMemoryCheckpointer, access) -> None:
+        self.node = SimpleNamespace(name="n1")
+        self.access = access
+        self.store_clock = store._clock
+
+
+def _walk_oracle():
+    v1, v2 = releases(JOB)
+    store = InMemoryCheckpointer(access=v1)
+    oracle = Oracle(World(0), store)
+    claim = store.claim("t1", ClaimRequest(holder="n1:run-1", ttl=timedelta(seconds=30)))
+    cp = Checkpoint(
+        id="c1", parent=None, thread_id="t1", run_id="run-1", status=CheckpointStatus.RUNNING,
+        created_at=EPOCH, state={"n": 1}, graph_id=JOB, tenant_id="acme",
+    )
+    store.commit("t1", Commit(token=claim.token, checkpoint=cp))
+    return store, oracle, cp, v1, v2
+
+
+def _note_walk_claim(store, oracle, caller):
+    walk = walk_thread(JOB)
+    request = ClaimRequest(holder="n1/walker-1", ttl=timedelta(seconds=30))
+    claim = store.claim(walk, request)
+    oracle.note(caller, "claim", walk, (walk, request), result=claim)
+    return walk, claim.token
+
+
+def _note_record(oracle, caller, walk, token, number, **fields):
+    record = WalkRecord(graph_id=JOB, **fields)
+    cp = record.checkpoint(walk, id=f"w{number}", parent=None, run_id="n1/walker-1", created_at=EPOCH)
+    oracle.note(caller, "commit", walk, (walk, Commit(token=token, checkpoint=cp)), result=[])
+
+
+def test_the_tenant_read_checker_fails_a_row_of_another_tenant():
+    store, oracle, cp, v1, _ = _walk_oracle()
+    caller = _Caller(store, v1)
+    read = store.tenant_history("t1", "acme", limit=5)
+    oracle.note(caller, "tenant_history", "t1", ("t1", "acme"), result=read)
+    assert read and oracle.violation is None
+    oracle.note(caller, "tenant_history", "t1", ("t1", "globex"), result=[cp])  # a store that leaked the row
+    assert oracle.violation is not None and oracle.violation.invariant == "tenant reads fail closed"
+
+
+def test_the_stamp_checkers_fail_a_deposed_walker_and_a_stale_stamp():
+    store, oracle, _, v1, v2 = _walk_oracle()
+    caller = _Caller(store, v1)
+    walk, token = _note_walk_claim(store, oracle, caller)
+    store.stamp_thread("t1", fence=(walk, token))
+    oracle.note(caller, "stamp_thread", "t1", ("t1", (walk, token)), result=0)
+    assert oracle.violation is None
+    oracle.note(caller, "stamp_thread", "t1", ("t1", (walk, token - 1)), result=0)  # applied with an old lease
+    assert oracle.violation is not None and oracle.violation.invariant == "no stamp from a deposed walker"
+
+    store, oracle, _, v1, v2 = _walk_oracle()
+    oracle.note(_Caller(store, v2), "stamp_thread", "t1", ("t1", None), result=1)  # v1's stamps left in place
+    assert oracle.violation is not None and oracle.violation.invariant == "a stamp equals its thread's attributes"
+
+
+def test_the_walk_record_checkers_fail_a_cursor_moving_back_and_an_unstamped_completed_walk():
+    store, oracle, _, v1, v2 = _walk_oracle()
+    caller = _Caller(store, v1)
+    walk, token = _note_walk_claim(store, oracle, caller)
+    schema = v1.for_graph(JOB).hash
+    _note_record(oracle, caller, walk, token, 1, schema=schema, heads=1)
+    _note_record(oracle, caller, walk, token, 2, schema=schema, heads=1, cursor="t3", count=2)
+    assert oracle.violation is None
+    _note_record(oracle, caller, walk, token, 3, schema=schema, heads=1, cursor="t2", count=2)
+    assert oracle.violation is not None and oracle.violation.invariant == "walk cursor monotone"
+
+    store, oracle, _, v1, v2 = _walk_oracle()
+    caller = _Caller(store, v2)
+    walk, token = _note_walk_claim(store, oracle, caller)
+    schema = v2.for_graph(JOB).hash
+    _note_record(oracle, caller, walk, token, 1, schema=schema, heads=1)
+    _note_record(oracle, caller, walk, token, 2, schema=schema, heads=1, cursor="t9", count=0, completed=True)
+    assert oracle.violation is not None
+    assert oracle.violation.invariant == "a completed walk leaves every row stamped"  # t1 still carries v1
+
+
+def test_every_invariant_the_simulation_checks_is_listed():
+    import re
+    from pathlib import Path
+
+    import threadloom.simulations as package
+
+    used = set()
+    for path in Path(package.__file__).parent.glob("*.py"):
+        used |= set(re.findall(r'fail\(\s*"([^"]+)"', path.read_text()))
+    assert used and used <= set(CHECKS), sorted(used - set(CHECKS))
+    assert {"no stamp from a deposed walker", "tenant reads fail closed"} <= set(CHECKS)
 
 
 # -- the simulated store ---------------------------------------------------------------------------------------------

@@ -112,6 +112,17 @@ def test_walks_lists_the_record_holder_and_members(backend: Backend) -> None:
         assert json.loads(follow.output.splitlines()[-1])["walks"][0]["completed"] is True
         bar = run(backend, "walks", "--follow", "--every", "0.1")
         assert bar.exit_code == 0 and "10/10" in bar.output and HASH in bar.output
+        # A node of another schema of the kind (a rolling release whose walk has not started): the walk is
+        # completed, but --follow goes on until no live member serves another schema (here: its membership lapses).
+        other = AccessSchema("g").hash
+        store.heartbeat("threadloom#access", "node-2", [f"g@{other}"], timedelta(seconds=1))
+        waiting = run(backend, "walks", "--json")
+        [row] = json.loads(waiting.output)["walks"]
+        assert row["completed"] is True and row["waiting"] == [other]
+        followed = run(backend, "walks", "--json", "--follow", "--every", "0.1")
+        assert followed.exit_code == 0
+        lines = [json.loads(line)["walks"][0] for line in followed.output.splitlines()]
+        assert lines[0]["waiting"] == [other] and lines[-1]["waiting"] == [] and lines[-1]["completed"] is True
     finally:
         rt.close()
         store.close()
@@ -131,6 +142,7 @@ def test_walks_lists_the_record_holder_and_members(backend: Backend) -> None:
         "holder": None,
         "share": None,
         "members": [],
+        "waiting": [],
     }
 
 

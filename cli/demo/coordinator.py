@@ -43,6 +43,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import attrs
 import click
 from click.core import ParameterSource
 from rich.text import Text
@@ -237,6 +238,23 @@ def _open_demo_store(url: str) -> Checkpointer:
                    "series labelled process=coordinator|worker-k (a SIGKILLed worker's series vanish; "
                    "threadloom_demo_process_up says whose are there). Run-queue calls are not metered. Ports in "
                    "use: exit 2.")
+@click.option("--walk", is_flag=True,
+              help="Instead: the access-walk demonstration - release v1 fills the store, v1 and v2 worker "
+                   "processes run side by side, v1 stops, v2's walk re-stamps every row, its walker is SIGKILLed "
+                   "mid-walk and resumed by another process, then every row's stamp is audited (README \"Quick "
+                   "start\"). --runs, --workers, --concurrency and --metrics-port do not apply.")
+@click.option("--threads", type=click.IntRange(4, 100_000), default=240, show_default=True,
+              help="With --walk: threads release v1 leaves in the store (over four tenants).")
+@click.option("--walk-rate", type=click.FloatRange(0, min_open=True), default=40.0, show_default=True,
+              help="With --walk: the v2 walk's walk_rate (threads a second at most).")
+@click.option("--walk-share", type=click.FloatRange(0, 1, min_open=True), default=0.1, show_default=True,
+              help="With --walk: the v2 walk's walk_share (share of its time it may spend stamping).")
+@click.option("--overlap", type=DURATION, default="3s", show_default=True,
+              help="With --walk: how long v1 and v2 run side by side before v1 stops.")
+@click.option("--commits-per-s", type=click.FloatRange(0, 1000), default=10.0, show_default=True,
+              help="With --walk: live commits each worker process makes a second.")
+@click.option("--plant-misstamp", is_flag=True, hidden=True,
+              help="With --walk: re-stamp one row for another tenant before the audit (the audit must fail).")
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -249,6 +267,13 @@ def demo(
     ttl: timedelta,
     timeout: timedelta,
     metrics_port: int | None,
+    walk: bool,
+    threads: int,
+    walk_rate: float,
+    walk_share: float,
+    overlap: timedelta,
+    commits_per_s: float,
+    plant_misstamp: bool,
 ) -> None:
     """Run the sample agent graph in worker processes, SIGKILL one mid-run, and verify what the store kept.
 
@@ -263,7 +288,28 @@ def demo(
 
     With --metrics-port N it serves Prometheus metrics on 127.0.0.1 while it runs (URLs printed at start):
     http://127.0.0.1:N/metrics has them all, labelled by process; N+1, N+2, … each worker's alone.
+
+    With --walk, the access-walk demonstration instead: release v1 (tenant-only access schema) fills --threads
+    threads of four tenants; worker processes of v1 and v2 (v2 adds the attribute 'region') run side by side with
+    live commits; v1 stops, and only then v2's walk re-stamps every row, its pace live on screen; the v2 process
+    walking is SIGKILLed mid-walk and another resumes through the walk lease; a final audit reads every row's
+    stamp columns and reads as each tenant: rows unstamped, mis-stamped, cross-tenant reads must all be 0 (exit
+    status 1 otherwise). --ttl (default 2s with --walk) is the lease and membership ttl.
     """
+    if walk:
+        from threadloom.cli.demo.walk_command import run_walk_command
+        from threadloom.cli.demo.walk_plan import WalkPlan
+
+        if metrics_port is not None:
+            raise CliError("--metrics-port does not apply to --walk", 2)
+        walk_plan = WalkPlan(
+            threads=threads, walk_share=walk_share, walk_rate=walk_rate, overlap=overlap,
+            commits_per_s=commits_per_s, crash=not no_crash, timeout=timeout,
+        )  # fmt: skip
+        if ctx.get_parameter_source("ttl") is ParameterSource.COMMANDLINE:
+            walk_plan = attrs.evolve(walk_plan, ttl=ttl, renew_every=min(DEFAULT_RENEW, ttl / 4))
+        run_walk_command(ctx, _store_url(ctx, store_url), walk_plan, keep=keep, plant=plant_misstamp)
+        return
     state = state_of(ctx)
     if workers < 2 and not no_crash:
         raise CliError("a crash needs a second worker to take over: use --workers 2 or more, or --no-crash", 2)

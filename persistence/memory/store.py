@@ -49,6 +49,7 @@ from threadloom.persistence.base import DEFAULT_MAX_JSON_SIZE, StoreBase, ask_gu
 from threadloom.persistence.clock import SystemClock, check_clock, read_clock
 from threadloom.persistence.encoded import EncodedCheckpoint, EncodedCommit
 from threadloom.persistence.memory.queue import InMemoryRunQueue
+from threadloom.persistence.wakeups import Waiters, Wakeups
 
 
 @attrs.define
@@ -136,6 +137,7 @@ class InMemoryCheckpointer(StoreBase):
         self._clock = check_clock("clock", clock) if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._waiters = Waiters()  # async waiters (README "asyncio"); blocking ones wait on _changed
         self._rows: dict[str, _Thread] = {}
         self._places: dict[str, dict[str, int]] = {}  # parent -> child -> place (order of first origin commit)
         self._counters = _Counters()
@@ -353,6 +355,7 @@ class InMemoryCheckpointer(StoreBase):
                 row.updated_at = now
             if records:
                 self._changed.notify_all()
+                self._waiters.notify(thread_id)
             return records
 
     # -- reads -------------------------------------------------------------------------------------------------------
@@ -469,6 +472,7 @@ class InMemoryCheckpointer(StoreBase):
             row.updated_at = None
             row.deleted_at = read_clock(self._clock)
             self._changed.notify_all()
+            self._waiters.notify(thread_id)
 
     def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
         with self._lock:
@@ -747,6 +751,12 @@ class InMemoryCheckpointer(StoreBase):
                 ],
             )
 
+    def wakeups(self) -> Wakeups:
+        """The store's waiters, for waiting without a thread per waiter (README "asyncio"): a commit that
+        numbers events, and a delete, set the wakes of its thread."""
+        return Wakeups(self._waiters)
+
     def _close(self) -> None:
         with self._changed:
             self._changed.notify_all()
+        self._waiters.wake_all()

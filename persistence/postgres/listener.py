@@ -17,6 +17,7 @@ from typing import Any
 
 from threadloom.persistence.logs import get_logger
 from threadloom.persistence.postgres.watchdog import abort_connection
+from threadloom.persistence.wakeups import Waiters
 
 log = get_logger("threadloom.persistence.postgres.listener")
 
@@ -48,43 +49,6 @@ def listen_connection(pool: Any, connect_timeout: timedelta) -> Any:
     kwargs.pop("row_factory", None)
     kwargs.pop("cursor_factory", None)
     return psycopg.Connection.connect(pool.conninfo, **kwargs)
-
-
-class Waiters:
-    """The wake events of the calls waiting in ``await_events_after``, by thread id. Safe from any thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_thread: dict[str, set[threading.Event]] = {}
-
-    def add(self, thread_id: str) -> threading.Event:
-        """A new wake event for a waiter on ``thread_id`` (give it back with :meth:`remove`)."""
-        wake = threading.Event()
-        with self._lock:
-            self._by_thread.setdefault(thread_id, set()).add(wake)
-        return wake
-
-    def remove(self, thread_id: str, wake: threading.Event) -> None:
-        with self._lock:
-            group = self._by_thread.get(thread_id)
-            if group is not None:
-                group.discard(wake)
-                if not group:
-                    del self._by_thread[thread_id]
-
-    def notify(self, thread_id: str) -> None:
-        """Wakes the waiters of ``thread_id``."""
-        with self._lock:
-            waiters = list(self._by_thread.get(thread_id, ()))
-        for wake in waiters:
-            wake.set()
-
-    def wake_all(self) -> None:
-        """Wakes every waiter."""
-        with self._lock:
-            waiters = [wake for group in self._by_thread.values() for wake in group]
-        for wake in waiters:
-            wake.set()
 
 
 class Listener:

@@ -94,6 +94,7 @@ from threadloom.persistence.postgres.listener import Listener, Waiters, listen_c
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 from threadloom.persistence.postgres.registry import Registry
 from threadloom.persistence.postgres.schema import migrate
+from threadloom.persistence.wakeups import Wakeups
 
 if TYPE_CHECKING:  # pragma: no cover
     from psycopg_pool import ConnectionPool
@@ -620,6 +621,12 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         """
         self._ensure_open("check")
         return check_store(self._db)
+
+    def wakeups(self) -> Wakeups:
+        """The store's waiters and its ``LISTEN`` connection, for waiting without a thread per waiter (README
+        "asyncio"): a wake for a thread is set when a notification names it, every wake when the listening
+        connection is (re-)established or lost."""
+        return Wakeups(self._waiters, start=self._listener.start, listening=self._listener.ready.is_set)
 
     def _close(self) -> None:
         self._listener.stop()

@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,7 +38,7 @@ from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.access import AccessSchemas, Member
 from threadloom.domain.clock import Clock, from_micros, to_micros
-from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, ThreadBusy, ValidationError
+from threadloom.domain.errors import CancelledError, CheckpointNotFound, StoreCorrupt, ThreadBusy, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointStatus,
@@ -75,8 +77,11 @@ from threadloom.persistence.sqlite.connection import (
 from threadloom.persistence.sqlite.queue import SqliteRunQueue
 from threadloom.persistence.sqlite.schema import JOURNAL_MODE, MIGRATIONS, SCHEMA_VERSION
 from threadloom.persistence.sqlite.skew import DEFAULT_SKEW_TOLERANCE, SkewWatch
+from threadloom.persistence.sqlite.watcher import DataVersionWatcher
+from threadloom.persistence.wakeups import Wakeups
 
 _Row = tuple[Any, ...]
+CANCEL_CHECK_S = 0.02  # how often a blocking wait with a cancel event looks at it
 _NO_THREAD: _Row = (None,) * 17  # COMMIT_READ's columns of a thread the file does not hold
 _UNSTAMPED = (None, None, None)
 
@@ -139,8 +144,9 @@ class SqliteCheckpointer(StoreBase):
     """The store contract in one SQLite file; build it with :meth:`open`.
 
     Safe to call from any number of threads and from any number of processes over the same file; every store over
-    the file behaves as one. ``await_events_after`` polls every :attr:`poll_interval` (the base class's default),
-    so it sees commits made through any store or process.
+    the file behaves as one. ``await_events_after`` re-reads when the store's one ``PRAGMA data_version`` watcher
+    sees the file change (:mod:`~threadloom.persistence.sqlite.watcher`), so it wakes within a few milliseconds of
+    a commit made through any store or process, and costs no read while nothing changes.
 
     Every call may raise, besides what the contract names: ``StoreUnavailable`` (retryable: nothing was written),
     ``StoreCorrupt`` (not retryable), ``StoreClosed`` after :meth:`close`; a write whose ``COMMIT`` failed raises
@@ -162,6 +168,7 @@ class SqliteCheckpointer(StoreBase):
         self._skew = SkewWatch(database.path, clock_skew_tolerance)
         self.queue = SqliteRunQueue(database)
         """The store's run queue, in the same file: its open entries' runs survive retention."""
+        self._watcher = DataVersionWatcher(self._watch_connection, os.path.basename(database.path))
 
     @classmethod
     def open(
@@ -269,7 +276,18 @@ class SqliteCheckpointer(StoreBase):
         return f"SqliteCheckpointer(path={self._db.path!r}, clock={self._db.clock!r})"
 
     def _close(self) -> None:
+        self._watcher.stop()
         self._db.close()
+
+    def _watch_connection(self) -> sqlite3.Connection:
+        if self._db.read_only is not None:
+            return readonly.connect(self._db.path, self._db.busy_s, immutable=False)
+        return sqlite3.connect(self._db.path, timeout=self._db.busy_s, isolation_level=None, check_same_thread=False)
+
+    def wakeups(self) -> Wakeups:
+        """The store's waiters and its ``data_version`` watcher, for waiting without a thread per waiter
+        (README "asyncio"); :meth:`await_events_after` waits on it too."""
+        return self._watcher.wakeups()
 
     @property
     def read_only(self) -> bool:
@@ -596,6 +614,36 @@ class SqliteCheckpointer(StoreBase):
                 events.append((seq, text))
         events.sort()
         return [codec.decode_event(text, thread_id) for _seq, text in events]
+
+    def _await_events_after(
+        self, thread_id: str, after_seq: int, limit: int, timeout: timedelta, cancel: threading.Event | None
+    ) -> list[EventRecord]:
+        """Reads, and while it finds nothing waits for the watcher to see the file change (or ``cancel``)."""
+        operation = "await_events_after"
+        if timeout <= timedelta(0):
+            return self._events_after(thread_id, after_seq, limit)
+        deadline = time.monotonic() + timeout.total_seconds()
+        waiters = self._watcher.waiters
+        wake = waiters.add(thread_id)
+        try:
+            self._watcher.start()
+            while True:
+                wake.clear()
+                self._ensure_open(operation)
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError(operation)
+                found = self._events_after(thread_id, after_seq, limit)
+                remaining = deadline - time.monotonic()
+                if found or remaining <= 0:
+                    return found
+                step = remaining if self._watcher.listening() else min(remaining, self.poll_interval.total_seconds())
+                if cancel is not None:
+                    step = min(step, CANCEL_CHECK_S)  # a threading.Event cannot wake us: look at it often
+                wake.wait(step)
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError(operation)
+        finally:
+            waiters.remove(thread_id, wake)
 
     def _effect(self, thread_id: str, key: str) -> EffectRecord | None:
         rows = self._db.fetch_all("effect", thread_id, sql.EFFECT, (thread_id, key))

@@ -1,0 +1,1 @@
+"""Runnable examples that are also tested: ``sse_server`` (README "asyncio")."""

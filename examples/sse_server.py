@@ -1,0 +1,275 @@
+"""A small asyncio HTTP server that starts runs and streams their events as server-sent events (README "asyncio").
+
+Standard library only (``asyncio.start_server``), one event loop, no thread per client: a stream is an
+``async for`` over a :class:`~threadloom.actors.subscription.Subscription`, woken by the store's watcher.
+
+Routes:
+
+* ``POST /threads/<thread_id>/runs`` with a JSON body ``{"graph": "<graph_id>", "input": ..., "tenant": ...}``
+  starts a run (``await runtime.astart``; with ``"resume": true``, ``aresume``) and streams that run's events
+  until its end event (``threadloom.run_completed``, ``run_suspended`` or ``run_failed``), then closes the
+  stream. Errors before the stream: 400 (bad input), 403 (another tenant's thread),
+  404 (unknown graph or route), 409 (the thread is busy, or its state does not allow the run).
+* ``GET /threads/<thread_id>/events`` streams the thread's events from ``Last-Event-ID`` (or ``?after=N``;
+  default 0) until the client goes away; ``?until_run=<run_id>`` ends it after that run's end event.
+
+Each event is one SSE message: ``id`` is the event's ``seq`` (a client reconnects with ``Last-Event-ID`` and misses
+nothing), ``event`` its type, ``data`` the JSON of ``{"seq", "run_id", "type", "payload"}``.
+
+Run it::
+
+    python -m threadloom.examples.sse_server sqlite:///demo.db 8080
+    curl -N -X POST localhost:8080/threads/t1/runs -d '{"graph": "echo", "input": {"text": "hello"}}'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from threadloom.actors.graph import Graph, Step
+from threadloom.actors.runtime import GraphRuntime
+from threadloom.domain.errors import (
+    InvalidRunState,
+    TenantMismatch,
+    ThreadBusy,
+    ThreadloomError,
+    ValidationError,
+)
+from threadloom.domain.values import EventRecord
+
+MAX_BODY = 1024 * 1024
+"""The longest request body the server reads (bytes)."""
+
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 413: "Too Large"}
+
+
+class HttpError(Exception):
+    """An error answered before the stream starts."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def sse_message(event: EventRecord) -> bytes:
+    """One server-sent event for ``event``."""
+    data = json.dumps({"seq": event.seq, "run_id": event.run_id, "type": event.type, "payload": event.payload})
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+
+
+class SseServer:
+    """Serves ``graphs`` (by ``graph_id``) on ``runtime`` over HTTP/1.1; one connection is one request.
+
+    Args:
+        runtime: the runtime that runs the graphs (the caller owns and closes it).
+        graphs: the graphs a request may name.
+    """
+
+    def __init__(self, runtime: GraphRuntime, graphs: Mapping[str, Graph]) -> None:
+        self.runtime = runtime
+        self.graphs = dict(graphs)
+        self._server: asyncio.Server | None = None
+        self._clients: set[asyncio.Task[Any]] = set()
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on (after :meth:`start`)."""
+        assert self._server is not None, "start() first"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> SseServer:
+        """Starts listening (port 0: any free port)."""
+        self._server = await asyncio.start_server(self._serve, host, port)
+        return self
+
+    async def close(self) -> None:
+        """Stops listening and ends every open stream."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._clients):
+            task.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._clients.add(task)
+        try:
+            method, target, headers, body = await _read_request(reader)
+            await self._route(method, target, headers, body, writer)
+        except HttpError as error:
+            await _answer(writer, error.status, {"error": str(error)})
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # the server closes
+        finally:
+            self._clients.discard(task)
+            writer.close()
+
+    async def _route(
+        self, method: str, target: str, headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter
+    ) -> None:
+        url = urlsplit(target)
+        parts = url.path.strip("/").split("/")
+        query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+        if len(parts) == 3 and parts[0] == "threads" and parts[2] == "runs" and method == "POST":
+            await self._run(parts[1], body, writer)
+        elif len(parts) == 3 and parts[0] == "threads" and parts[2] == "events" and method == "GET":
+            after = headers.get("last-event-id") or query.get("after") or "0"
+            if not after.isdigit():
+                raise HttpError(400, "Last-Event-ID and after must be event numbers")
+            await self._events(parts[1], int(after), query.get("until_run"), query.get("tenant"), writer)
+        else:
+            raise HttpError(404, f"no route {method} {url.path}")
+
+    async def _run(self, thread_id: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:
+            raise HttpError(400, "the body is not JSON") from None
+        if not isinstance(request, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        graph = self.graphs.get(request.get("graph", ""))
+        if graph is None:
+            raise HttpError(404, f"no graph {request.get('graph')!r}")
+        tenant = request.get("tenant")
+        runtime = self.runtime
+        try:
+            start = runtime.aresume if request.get("resume") is True else runtime.astart
+            handle = await start(thread_id, graph, request.get("input"), tenant)
+        except ValidationError as error:
+            raise HttpError(400, str(error)) from None
+        except TenantMismatch as error:
+            raise HttpError(403, str(error)) from None
+        except (ThreadBusy, InvalidRunState) as error:
+            raise HttpError(409, str(error)) from None
+        subscription = runtime.subscribe(thread_id, tenant_id=tenant, until_run_end=handle.run_id)
+        outcome = asyncio.ensure_future(_outcome(handle))
+        # A run that is cancelled or loses its claim writes no end event: end the stream with its handle.
+
+        def ended(done: asyncio.Future[str | None]) -> None:
+            if not done.cancelled() and done.result() is not None:
+                subscription.cancel()
+
+        outcome.add_done_callback(ended)
+        try:
+            await _stream(writer, subscription, run_id=handle.run_id)
+            if outcome.done() and outcome.result() is not None:
+                writer.write(f"event: error\ndata: {json.dumps({'error': outcome.result()})}\n\n".encode())
+                await writer.drain()
+        finally:
+            outcome.cancel()  # stops awaiting the handle only: the run goes on
+
+    async def _events(
+        self, thread_id: str, after: int, until_run: str | None, tenant: str | None, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            subscription = self.runtime.subscribe(thread_id, after, tenant_id=tenant, until_run_end=until_run)
+        except ValidationError as error:
+            raise HttpError(400, str(error)) from None
+        except TenantMismatch as error:
+            raise HttpError(403, str(error)) from None
+        await _stream(writer, subscription)
+
+
+async def _outcome(handle: Any) -> str | None:
+    """None when the run ended with an end event (well, or ``RunFailed``), else the error's text."""
+    try:
+        await handle
+    except ThreadloomError as error:
+        from threadloom.domain.errors import RunFailed
+
+        return None if isinstance(error, RunFailed) else f"{type(error).__name__}: {error}"
+    return None
+
+
+async def _stream(writer: asyncio.StreamWriter, subscription: Any, *, run_id: str | None = None) -> None:
+    """Writes the stream's head, then each event of ``subscription`` (of ``run_id`` only, when given)."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n"
+    )
+    try:
+        await writer.drain()
+        async for event in subscription:
+            if run_id is None or event.run_id == run_id:
+                writer.write(sse_message(event))
+                await writer.drain()
+    except ThreadloomError as error:  # the thread was deleted, the store closed...: say so, end the stream
+        writer.write(f"event: error\ndata: {json.dumps({'error': str(error)})}\n\n".encode())
+        await writer.drain()
+    finally:
+        subscription.cancel()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        method, target, _version = lines[0].split(" ", 2)
+    except ValueError:
+        raise HttpError(400, "bad request line") from None
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "0")
+    if not length.isdigit():
+        raise HttpError(400, "bad content-length")
+    if int(length) > MAX_BODY:
+        raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+    body = await reader.readexactly(int(length)) if int(length) else b""
+    return method, target, headers, body
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, document: Any) -> None:
+    body = json.dumps(document).encode()
+    writer.write(
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
+async def _echo(state: Any, ctx: Any) -> Step:
+    """The demo graph's node: streams the input's words back, one event each."""
+    for word in str(state.get("text", "")).split():
+        await asyncio.sleep(0.05)  # an LLM client's await, say
+        ctx.emit("token", {"text": word})
+    return Step.end(state)
+
+
+ECHO = Graph("echo", {"echo": _echo}, entry="echo")
+"""A demo graph: one async node that emits each word of ``input["text"]`` as a ``token`` event."""
+
+
+async def main(url: str, port: int) -> None:  # pragma: no cover - the command-line demo
+    from threadloom.persistence.opening import open_store
+
+    store = open_store(url)
+    runtime = GraphRuntime(store)
+    server = await SseServer(runtime, {ECHO.graph_id: ECHO}).start(port=port)
+    print(f"listening on http://127.0.0.1:{server.port}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.close()
+        runtime.close()
+        store.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    url_arg = sys.argv[1] if len(sys.argv) > 1 else "sqlite:///threadloom.db"
+    asyncio.run(main(url_arg, int(sys.argv[2]) if len(sys.argv) > 2 else 8080))

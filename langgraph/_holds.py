@@ -1,0 +1,250 @@
+"""The claims a LangGraph saver holds on its threads while runs write (README "LangGraph", "Fencing").
+
+A *hold* is one claim of one threadloom thread by one saver: taken at the first write of a run (or by
+``ThreadloomSaver.hold``), renewed by one background thread per saver every ``renew_every``, and released when
+the run has written nothing for ``idle_release`` (or when the ``hold`` block ends). A hold whose claim was lost
+(taken over after a pause, or the thread deleted) refuses every later write of the run with ``StaleClaim`` until
+the run has been quiet for ``idle_release``: it never claims the thread again behind the run's back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import attrs
+
+from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, ThreadBusy
+from threadloom.domain.values import ClaimRequest, PendingWrite
+from threadloom.langgraph import _mapping
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.logs import get_logger
+
+log = get_logger("threadloom.langgraph")
+
+
+@attrs.define(eq=False)
+class Hold:
+    """One claim a saver holds, and what the saver knows of the thread under it."""
+
+    thread_id: str
+    holder: str
+    token: int
+    latest: str | None
+    explicit: bool = False
+    lock: threading.RLock = attrs.field(factory=threading.RLock)
+    regular_tasks: set[str] = attrs.field(factory=set)
+    committed: list[str] = attrs.field(factory=list)
+    early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
+    moved: tuple[str | None, str | None] | None = None
+    lost: StaleClaim | None = None
+    last_used: float = attrs.field(factory=time.monotonic)
+    renewed_at: float = attrs.field(factory=time.monotonic)
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def stored(self, checkpoint_id: str) -> None:
+        """Records that ``checkpoint_id`` is now the thread's latest (committed under this hold)."""
+        self.latest = checkpoint_id
+        self.regular_tasks = set()
+        self.committed.append(checkpoint_id)
+        del self.committed[:-64]
+
+
+class Holds:
+    """Every hold of one saver, with the thread that renews them and releases idle ones."""
+
+    def __init__(
+        self, store: Checkpointer, *, ttl: timedelta, renew_every: timedelta, idle_release: timedelta,
+        tenant_id: str | None,
+    ) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._renew_s = renew_every.total_seconds()
+        self._idle_s = idle_release.total_seconds()
+        self._tenant = tenant_id
+        self._lock = threading.Lock()
+        self._gates: dict[str, list[Any]] = {}  # thread -> [lock, users]: one claim per thread at a time
+        self._holds: dict[str, Hold] = {}
+        self._seen: dict[str, str | None] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the saver asks ---------------------------------------------------------------------------------------
+
+    def get(self, thread_id: str) -> Hold | None:
+        """The hold on ``thread_id``, or None."""
+        with self._lock:
+            return self._holds.get(thread_id)
+
+    def seen(self, thread_id: str, latest: str | None) -> None:
+        """Records the latest checkpoint a read of this saver returned for ``thread_id`` (see :meth:`acquire`)."""
+        with self._lock:
+            self._seen[thread_id] = latest
+            if len(self._seen) > 10_000:
+                self._seen.pop(next(iter(self._seen)))
+            hold = self._holds.get(thread_id)
+        if hold is not None and hold.moved is not None and hold.moved[1] == latest:
+            hold.moved = None  # the run read the thread as it now is
+
+    def acquire(self, thread_id: str, *, explicit: bool = False, wait: timedelta | None = None) -> Hold:
+        """The saver's hold on ``thread_id``, claiming the thread when the saver holds none.
+
+        Raises:
+            StaleClaim: the saver's claim on the thread was lost (taken over or deleted) and the run has not been
+                quiet for ``idle_release`` since (an ``explicit`` hold starts a new run instead); nothing written.
+            StoreClosed: the saver was closed.
+            ThreadBusy: another run holds the thread (after waiting up to ``wait`` when given).
+        """
+        if self._stop.is_set():
+            raise StoreClosed("langgraph", "the saver is closed; nothing written")
+        with self._lock:
+            hold = self._holds.get(thread_id)
+            if hold is not None and hold.lost is not None and explicit:
+                del self._holds[thread_id]  # a new run begins explicitly: the lost run's marker ends here
+                hold = None
+        if hold is not None:
+            if hold.lost is not None:
+                hold.touch()
+                raise hold.lost
+            if explicit:
+                hold.explicit = True
+            return hold
+        # one claim per thread at a time from this saver (its own claim would refuse the second)
+        with self._lock:
+            gate = self._gates.setdefault(thread_id, [threading.Lock(), 0])
+            gate[1] += 1
+        try:
+            with gate[0]:
+                return self._claim(thread_id, explicit, wait)
+        finally:
+            with self._lock:
+                gate[1] -= 1
+                if gate[1] == 0:
+                    self._gates.pop(thread_id, None)
+
+    def _claim(self, thread_id: str, explicit: bool, wait: timedelta | None) -> Hold:
+        with self._lock:
+            hold = self._holds.get(thread_id)
+        if hold is not None:  # another call of this saver claimed it meanwhile
+            if hold.lost is not None:
+                raise hold.lost
+            hold.explicit = hold.explicit or explicit
+            return hold
+        holder = f"langgraph-{uuid.uuid4().hex}"
+        request = ClaimRequest(holder=holder, ttl=self._ttl, tenant_id=self._tenant)
+        deadline = time.monotonic() + (wait.total_seconds() if wait is not None else 0.0)
+        while True:
+            try:
+                claim = self._store.claim(thread_id, request)
+                break
+            except ThreadBusy:
+                if time.monotonic() >= deadline or self._stop.is_set():
+                    raise
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        try:
+            stored = self._store.latest(thread_id)
+        except BaseException:
+            self._quiet_release(thread_id, claim.token)
+            raise
+        latest = stored.checkpoint.id if stored is not None else None
+        hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
+        if stored is not None:
+            hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
+        with self._lock:
+            known = self._seen.get(thread_id, latest)
+            if known != latest:
+                hold.moved = (known, latest)
+            self._holds[thread_id] = hold
+        self._ensure_renewer()
+        return hold
+
+    def lose(self, hold: Hold, error: StaleClaim) -> None:
+        """Marks ``hold`` lost: every later write of the run is refused with ``error``."""
+        hold.lost = error
+        hold.touch()
+
+    def drop(self, thread_id: str, *, release: bool) -> None:
+        """Forgets the hold on ``thread_id``, releasing its claim first when ``release``."""
+        with self._lock:
+            hold = self._holds.pop(thread_id, None)
+        if hold is not None and release and hold.lost is None:
+            with hold.lock:
+                self._report_early(hold)
+                self._quiet_release(thread_id, hold.token)
+
+    def close(self) -> None:
+        """Stops renewing and releases every claim still held."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        with self._lock:
+            names = list(self._holds)
+        for name in names:
+            self.drop(name, release=True)
+
+    # -- the renewer -------------------------------------------------------------------------------------------------
+
+    def _ensure_renewer(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._stop.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="threadloom-langgraph-renew", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(min(self._renew_s, self._idle_s) / 4, 0.02)):
+            with self._lock:
+                holds = list(self._holds.values())
+            now = time.monotonic()
+            for hold in holds:
+                if self._stop.is_set():
+                    return
+                self._tend(hold, now)
+
+    def _tend(self, hold: Hold, now: float) -> None:
+        if not hold.lock.acquire(timeout=self._renew_s):
+            return  # a long commit holds it; the next round renews
+        try:
+            idle = now - hold.last_used >= self._idle_s
+            if hold.lost is not None:
+                if idle:
+                    with self._lock:
+                        if self._holds.get(hold.thread_id) is hold:
+                            del self._holds[hold.thread_id]
+                return
+            if idle and not hold.explicit:
+                with self._lock:
+                    if self._holds.get(hold.thread_id) is hold:
+                        del self._holds[hold.thread_id]
+                self._report_early(hold)
+                self._quiet_release(hold.thread_id, hold.token)
+                return
+            if now - hold.renewed_at < self._renew_s:
+                return
+            try:
+                self._store.renew(hold.thread_id, hold.token, self._ttl)
+                hold.renewed_at = now
+            except StaleClaim as error:
+                self.lose(hold, error)
+                log.warning("langgraph.claim_lost", thread_id=hold.thread_id, token=hold.token)
+            except ProcessingError as error:
+                log.warning("langgraph.renew_failed", thread_id=hold.thread_id, error=str(error))
+        finally:
+            hold.lock.release()
+
+    def _report_early(self, hold: Hold) -> None:
+        if hold.early:
+            count = sum(len(writes) for writes in hold.early.values())
+            log.warning("langgraph.early_writes_dropped", thread_id=hold.thread_id, writes=count)
+            hold.early.clear()
+
+    def _quiet_release(self, thread_id: str, token: int) -> None:
+        try:
+            self._store.release(thread_id, token)
+        except ProcessingError as error:  # the claim then expires after its ttl
+            log.warning("langgraph.release_failed", thread_id=thread_id, error=str(error))

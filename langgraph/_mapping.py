@@ -1,0 +1,174 @@
+"""How LangGraph's checkpoints, metadata and writes travel as threadloom data (README "LangGraph").
+
+A LangGraph ``(thread_id, checkpoint_ns)`` is one threadloom thread: the root namespace ``""`` is the thread
+``thread_id`` itself, a subgraph namespace is the child thread ``thread_id + "::ns::" + checkpoint_ns`` whose
+checkpoints' origin names the root. Every value goes through the saver's serializer, which never falls back to
+pickle: its typed bytes are stored as base64 text inside the checkpoint's JSON state (or a pending write's JSON
+payload), and a stored value of type ``pickle`` is refused on read.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from langgraph.checkpoint.base import WRITES_IDX_MAP, writes_sort_key
+
+from threadloom.domain import validation as v
+from threadloom.domain.errors import StoreCorrupt, ValidationError
+from threadloom.domain.values import PendingWrite
+
+NS_SEPARATOR = "::ns::"
+"""Between a LangGraph thread id and a subgraph namespace in the child thread's id."""
+
+FORMAT = "langgraph/1"
+"""The ``format`` field of every state this saver writes."""
+
+GRAPH_ID = "langgraph"
+"""The ``graph_id`` of every checkpoint this saver writes."""
+
+DELETED_RUN_KEY = "langgraph.deleted-run:"
+"""The prefix of the effect record that hides a run's checkpoints (``delete_for_runs``)."""
+
+
+def store_thread(thread_id: Any, checkpoint_ns: Any) -> str:
+    """The threadloom thread of a LangGraph ``(thread_id, checkpoint_ns)``.
+
+    Raises:
+        ValidationError: ``thread_id`` is not an id, holds the namespace separator, or the pair is longer than an
+            id may be (255 characters).
+    """
+    v.check_id("thread_id", thread_id)
+    if NS_SEPARATOR in thread_id:
+        raise ValidationError("thread_id", (f"must not contain {NS_SEPARATOR!r} (it names subgraph namespaces)",))
+    if checkpoint_ns is None or checkpoint_ns == "":
+        return str(thread_id)
+    if not isinstance(checkpoint_ns, str):
+        raise ValidationError("checkpoint_ns", (f"must be a str, got {type(checkpoint_ns).__name__}",))
+    return v.check_id("checkpoint_ns", f"{thread_id}{NS_SEPARATOR}{checkpoint_ns}")
+
+
+def split_thread(store_thread_id: str) -> tuple[str, str]:
+    """The LangGraph ``(thread_id, checkpoint_ns)`` of a threadloom thread this saver wrote."""
+    root, sep, ns = store_thread_id.partition(NS_SEPARATOR)
+    return (root, ns) if sep else (store_thread_id, "")
+
+
+def configurable(config: Any) -> dict[str, Any]:
+    """``config["configurable"]``, checked to be a mapping with a ``thread_id``.
+
+    Raises:
+        ValidationError: ``config`` is not a LangGraph config naming a thread.
+    """
+    conf = config.get("configurable") if isinstance(config, dict) else None
+    if not isinstance(conf, dict) or "thread_id" not in conf:
+        raise ValidationError("config", ('must be a RunnableConfig with configurable["thread_id"]',))
+    return conf
+
+
+def encode(serde: Any, field: str, value: Any) -> dict[str, str]:
+    """``value`` through ``serde.dumps_typed`` as ``{"type": ..., "data": base64}``.
+
+    Raises:
+        ValidationError: naming ``field`` when the serializer cannot encode the value as data (it never pickles).
+    """
+    try:
+        kind, data = serde.dumps_typed(value)
+    except Exception as error:  # the serializer raises TypeError and friends for a value it cannot encode
+        raise ValidationError(
+            field, (f"cannot be stored as data ({type(error).__name__}: {error}); nothing was written",)
+        ) from error
+    if kind == "pickle":
+        raise ValidationError(field, ("the serializer produced pickle, which threadloom never stores",))
+    return {"type": str(kind), "data": base64.b64encode(bytes(data)).decode("ascii")}
+
+
+def decode(serde: Any, thread_id: str, value: Any) -> Any:
+    """The value :func:`encode` stored.
+
+    Raises:
+        StoreCorrupt: the stored text is not of that form or names pickle (never loaded).
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str) or not isinstance(value.get("data"), str):
+        raise StoreCorrupt("langgraph", f"thread {thread_id!r} holds a value that is not an encoded LangGraph value")
+    if value["type"] == "pickle":
+        raise StoreCorrupt("langgraph", f"thread {thread_id!r} holds a pickled value; threadloom never loads pickle")
+    return serde.loads_typed((value["type"], base64.b64decode(value["data"])))
+
+
+def write_index(channel: str, position: int) -> int:
+    """LangGraph's index of a write: a special channel's fixed negative index, else its position in the call."""
+    return WRITES_IDX_MAP.get(channel, position)
+
+
+def pending_writes(
+    serde: Any, checkpoint_id: str, task_id: str, task_path: str, writes: Sequence[tuple[str, Any]], batch: str
+) -> list[PendingWrite]:
+    """The threadloom pending writes of one ``put_writes`` call (each value encoded, nothing written).
+
+    Raises:
+        ValidationError: a channel is not a non-empty str, or a value cannot be encoded.
+    """
+    v.check_id("task_id", task_id)
+    out = []
+    for position, item in enumerate(writes):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValidationError(f"writes[{position}]", ("must be a (channel, value) pair",))
+        channel, value = item
+        v.check_id(f"writes[{position}] channel", channel)
+        out.append(
+            PendingWrite(
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                node_id=channel,
+                payload={
+                    "idx": write_index(channel, position),
+                    "channel": channel,
+                    "path": task_path if isinstance(task_path, str) else "",
+                    "batch": batch,
+                    "value": encode(serde, f"writes[{position}] value", value),
+                },
+            )
+        )
+    return out
+
+
+def fold_writes(serde: Any, thread_id: str, stored: Iterable[PendingWrite]) -> list[tuple[str, str, Any]]:
+    """The LangGraph pending writes of a checkpoint from the threadloom writes stored against it, in commit order.
+
+    Two executions of one task never mix: a task's regular writes (index >= 0) are those of the first
+    ``put_writes`` call that stored any for it, whole; a later call's regular writes for that task are left out.
+    A special write (error, interrupt, scheduled, resume) replaces the task's earlier one of the same channel.
+
+    Returns:
+        ``(task_id, channel, value)`` triples in LangGraph's ``writes_sort_key`` order (task path, task id, index).
+    """
+    first_batch: dict[str, str] = {}
+    regular: dict[tuple[str, int], tuple[str, str, int, Any]] = {}
+    special: dict[tuple[str, int], tuple[str, str, int, Any]] = {}
+    for write in stored:
+        payload = write.payload
+        if not isinstance(payload, dict) or not isinstance(payload.get("idx"), int):
+            raise StoreCorrupt("langgraph", f"thread {thread_id!r} holds a pending write that is not LangGraph's")
+        idx, batch = payload["idx"], str(payload.get("batch", ""))
+        key = (write.task_id, idx)
+        entry = (str(payload.get("path", "")), str(payload["channel"]), idx, payload["value"])
+        if idx < 0:
+            special[key] = entry
+            continue
+        owner = first_batch.setdefault(write.task_id, batch)
+        if owner == batch and key not in regular:
+            regular[key] = entry
+    rows = [(key, entry) for key, entry in (*regular.items(), *special.items())]
+    rows.sort(key=lambda row: writes_sort_key(row[1][0], row[0][0], row[1][2]))
+    return [(task, entry[1], decode(serde, thread_id, entry[3])) for (task, _idx), entry in rows]
+
+
+def regular_tasks(stored: Iterable[PendingWrite]) -> set[str]:
+    """The tasks that already hold regular writes among ``stored``."""
+    return {
+        write.task_id
+        for write in stored
+        if isinstance(write.payload, dict) and isinstance(write.payload.get("idx"), int) and write.payload["idx"] >= 0
+    }

@@ -1,0 +1,678 @@
+"""``ThreadloomSaver``: a LangGraph checkpoint saver over any threadloom store, fenced by claims.
+
+README "LangGraph" documents the mapping, the fencing and the limits; this module's docstrings give the shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.base import Checkpoint as LgCheckpoint
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from threadloom.domain import rules
+from threadloom.domain import validation as v
+from threadloom.domain.errors import (
+    CheckpointConflict,
+    CheckpointNotFound,
+    OutcomeUnknown,
+    StaleClaim,
+    ThreadBusy,
+    ValidationError,
+)
+from threadloom.domain.values import (
+    Checkpoint,
+    CheckpointOrigin,
+    CheckpointStatus,
+    ClaimRequest,
+    Commit,
+    EffectRecord,
+    EventDraft,
+    PendingWrite,
+    RetentionPolicy,
+    StoredCheckpoint,
+    ThreadQuery,
+)
+from threadloom.langgraph import _mapping as m
+from threadloom.langgraph._holds import Hold, Holds
+from threadloom.persistence.base import Checkpointer
+from threadloom.persistence.logs import get_logger
+
+log = get_logger("threadloom.langgraph")
+_T = TypeVar("_T")
+_PAGE = 100
+
+
+def _no_pickle_serde() -> JsonPlusSerializer:
+    return JsonPlusSerializer(pickle_fallback=False)
+
+
+class ThreadloomSaver(BaseCheckpointSaver[str]):
+    """A LangGraph ``BaseCheckpointSaver`` over a threadloom store: ``graph.compile(checkpointer=saver)``.
+
+    Every write is fenced by a claim of the thread (README "LangGraph"): the saver claims a thread at the first
+    write of a run, renews the claim every ``renew_every`` while the run writes, and releases it once the run has
+    written nothing for ``idle_release`` (or when a :meth:`hold` block ends). A second host's run on a held thread
+    fails with ``ThreadBusy`` at its first write; a run whose claim was taken over (it paused past ``ttl``) or whose
+    thread was deleted gets ``StaleClaim`` and writes nothing; the store orders each thread's history.
+
+    Safe to use from any number of threads and from asyncio (the ``a``-methods run the same code on a small pool of
+    threads). Use as a context manager, or call :meth:`close`: it releases the claims still held and closes the
+    store when the saver opened it (:meth:`from_url`).
+
+    Args:
+        store: any threadloom store.
+        serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False)``. Whatever is given, a
+            value the serializer would pickle is refused (``ValidationError``) before anything is written.
+        ttl: the claim's time to live (default 30 s): how long after a host dies before another may take over.
+        renew_every: how often held claims are renewed (default ``ttl / 3``); must be below ``ttl``.
+        idle_release: a run that has written nothing for this long ends: its claim is released (default 5 s).
+        tenant_id: the tenant recorded with each claim and checkpoint (also the tenant ``delete_for_runs`` visits).
+        workers: threads that run the async methods (default 4).
+    """
+
+    def __init__(
+        self,
+        store: Checkpointer,
+        *,
+        serde: Any = None,
+        ttl: timedelta = timedelta(seconds=30),
+        renew_every: timedelta | None = None,
+        idle_release: timedelta = timedelta(seconds=5),
+        tenant_id: str | None = None,
+        workers: int = 4,
+    ) -> None:
+        if not isinstance(store, Checkpointer):
+            raise ValidationError("store", (f"must be a threadloom store, got {type(store).__name__}",))
+        v.check_positive_duration("ttl", ttl)
+        renew = renew_every if renew_every is not None else ttl / 3
+        v.check_positive_duration("renew_every", renew)
+        if renew >= ttl:
+            raise ValidationError("renew_every", ("must be shorter than ttl",))
+        v.check_positive_duration("idle_release", idle_release)
+        v.check_optional_id("tenant_id", tenant_id)
+        v.check_int("workers", workers, low=1, high=64)
+        super().__init__(serde=serde if serde is not None else _no_pickle_serde())
+        self.store = store
+        self.tenant_id = tenant_id
+        self._owns_store = False
+        self._holds = Holds(store, ttl=ttl, renew_every=renew, idle_release=idle_release, tenant_id=tenant_id)
+        self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> ThreadloomSaver:
+        """A saver over ``open_store(url)`` (``memory://``, ``sqlite:///path.db``, ``postgresql://…``).
+
+        ``options`` for the saver (``serde``, ``ttl``, ``renew_every``, ``idle_release``, ``tenant_id``,
+        ``workers``) go to it, the rest to ``open_store``. :meth:`close` closes the store too.
+        """
+        from threadloom.persistence.opening import open_store
+
+        names = ("serde", "ttl", "renew_every", "idle_release", "tenant_id", "workers")
+        mine = {name: options.pop(name) for name in names if name in options}
+        store = open_store(url, **options)
+        try:
+            saver = cls(store, **mine)
+        except BaseException:
+            store.close()
+            raise
+        saver._owns_store = True
+        return saver
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Releases every claim the saver holds, stops its threads, and closes the store if it opened it."""
+        self._holds.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> ThreadloomSaver:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def hold(self, thread_id: str, *, wait: timedelta | None = None) -> Iterator[None]:
+        """Holds the claim of LangGraph thread ``thread_id`` (root namespace) for the block, released at its end.
+
+        Use it around a run (``with saver.hold(tid): graph.invoke(..., config)``) to claim before the run reads the
+        thread, to wait for another host's run to end (``wait``), and to release as soon as the run ends.
+
+        A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
+        blocks the thread's next claim.
+
+        Raises:
+            ThreadBusy: another run holds the thread and did not end within ``wait`` (default: no wait); nothing
+                changed, retrying later is safe.
+            StoreClosed: the saver was closed.
+        """
+        name = m.store_thread(thread_id, "")
+        self._holds.acquire(name, explicit=True, wait=wait)
+        try:
+            yield
+        finally:
+            self._holds.drop(name, release=True)
+
+    @contextlib.asynccontextmanager
+    async def ahold(self, thread_id: str, *, wait: timedelta | None = None) -> AsyncIterator[None]:
+        """The async form of :meth:`hold`."""
+        name = m.store_thread(thread_id, "")
+        await self._run(functools.partial(self._holds.acquire, name, explicit=True, wait=wait))
+        try:
+            yield
+        finally:
+            await self._run(functools.partial(self._holds.drop, name, release=True))
+
+    # -- writes --------------------------------------------------------------------------------------------------
+
+    def put(
+        self, config: RunnableConfig, checkpoint: LgCheckpoint, metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Stores ``checkpoint`` as the thread's (namespace's) new latest, fenced by the run's claim.
+
+        Returns:
+            The config naming the stored checkpoint.
+
+        Raises:
+            ValidationError: a value the serializer cannot encode as data (nothing written).
+            ThreadBusy: another run holds the thread; StaleClaim: this run's claim was lost (nothing written).
+            CheckpointConflict: another run wrote the thread between this run's read and its first write.
+            OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
+                (a retry is safe: fencing and the checkpoint id refuse a second copy).
+        """
+        conf = m.configurable(config)
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
+        name = m.store_thread(thread_id, ns)
+        checkpoint_id = v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        state = {
+            "format": m.FORMAT,
+            "checkpoint": m.encode(self.serde, "checkpoint", checkpoint),
+            "metadata": m.encode(self.serde, "metadata", full_metadata),
+            "parent": conf.get("checkpoint_id"),
+        }
+        run = full_metadata.get("run_id")
+        step = full_metadata.get("step")
+        created = _producer_time(checkpoint.get("ts"))
+        root_hold = self._holds.acquire(thread_id) if ns else None
+        hold = self._holds.acquire(name)
+        with hold.lock:
+            self._check_live(hold)
+            if hold.moved is not None:
+                raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
+            stored = Checkpoint(
+                id=checkpoint_id,
+                parent=hold.latest,
+                thread_id=name,
+                run_id=str(run) if isinstance(run, str) and run else hold.holder,
+                status=CheckpointStatus.COMPLETED,
+                created_at=created,
+                state=state,
+                graph_id=m.GRAPH_ID,
+                tenant_id=self.tenant_id,
+                origin=CheckpointOrigin(parent_thread=thread_id) if ns else None,
+                metadata={"langgraph.step": str(step), "langgraph.source": str(full_metadata.get("source"))},
+            )
+            early = hold.early.pop(checkpoint_id, [])
+            event = EventDraft(
+                run_id=stored.run_id,
+                type="langgraph.checkpoint",
+                timestamp=datetime.now(UTC),
+                payload={"checkpoint_ns": ns, "step": step if isinstance(step, int) else None,
+                         "source": str(full_metadata.get("source"))},
+                checkpoint_id=checkpoint_id,
+            )
+            fence = (thread_id, root_hold.token) if root_hold is not None else None
+            try:
+                self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
+                                          fence=fence))
+            except OutcomeUnknown:
+                # the commit may have applied: the store knows (its latest is this checkpoint only if it did)
+                after = self.store.latest(name)
+                if after is None or after.checkpoint.id != checkpoint_id:
+                    hold.early[checkpoint_id] = early
+                    raise
+            hold.stored(checkpoint_id)
+            hold.regular_tasks = m.regular_tasks(early)
+            hold.touch()
+        self._holds.seen(name, checkpoint_id)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+    def put_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        """Stores a task's writes against the checkpoint ``config`` names, fenced by the run's claim.
+
+        Writes for the namespace's latest checkpoint are stored at once. Writes for a checkpoint this run has not
+        stored yet (LangGraph may send them first) wait in memory and are committed with that checkpoint. Writes
+        for a checkpoint already superseded are accepted and not kept (only the latest checkpoint keeps pending
+        writes). A task's second execution never mixes its regular writes with the first's (the first's are kept).
+
+        Raises:
+            ValidationError: a value the serializer cannot encode (nothing written); ThreadBusy, StaleClaim: as
+                :meth:`put`. CheckpointConflict: another run wrote the thread between this run's read and this
+                write, which names a checkpoint that is no longer the latest (nothing written).
+        """
+        conf = m.configurable(config)
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
+        name = m.store_thread(thread_id, ns)
+        checkpoint_id = v.check_id("checkpoint_id", conf.get("checkpoint_id"))
+        batch = uuid.uuid4().hex
+        encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
+        if not encoded:
+            return
+        root_hold = self._holds.acquire(thread_id) if ns else None
+        hold = self._holds.acquire(name)
+        with hold.lock:
+            self._check_live(hold)
+            hold.touch()
+            if hold.moved is not None and checkpoint_id != hold.latest:
+                # another run wrote the thread since this run read it: its writes name a view that is gone
+                raise CheckpointConflict(name, checkpoint_id, hold.latest)
+            if checkpoint_id != hold.latest:
+                if checkpoint_id in hold.committed or self.store.checkpoint(name, checkpoint_id) is not None:
+                    log.debug("langgraph.late_writes", thread_id=name, checkpoint_id=checkpoint_id, task_id=task_id)
+                    return
+                hold.early.setdefault(checkpoint_id, []).extend(self._keep(encoded, m.regular_tasks(
+                    hold.early.get(checkpoint_id, ()))))
+                return
+            kept = self._keep(encoded, hold.regular_tasks)
+            if not kept:
+                return
+            fence = (thread_id, root_hold.token) if root_hold is not None else None
+            self._commit(hold, Commit(token=hold.token, pending_writes=kept, fence=fence))
+            hold.regular_tasks |= m.regular_tasks(kept)
+
+    @staticmethod
+    def _keep(encoded: list[PendingWrite], tasks_with_writes: Any) -> list[PendingWrite]:
+        """The writes of one call worth storing: its regular writes only when the task stored none before."""
+        return [w for w in encoded if w.payload["idx"] < 0 or w.task_id not in tasks_with_writes]
+
+    def _check_live(self, hold: Hold) -> None:
+        if hold.lost is not None:
+            hold.touch()
+            raise hold.lost
+
+    def _commit(self, hold: Hold, commit: Commit) -> None:
+        try:
+            self.store.commit(hold.thread_id, commit)
+        except StaleClaim as error:
+            self._holds.lose(hold, error)
+            raise
+
+    # -- reads ---------------------------------------------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (its ``checkpoint_id``), or the namespace's latest; None if absent.
+
+        The latest checkpoint comes with its pending writes; an earlier one with none. A checkpoint of a run
+        removed by :meth:`delete_for_runs` is absent. Needs no claim.
+        """
+        conf = m.configurable(config)
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
+        name = m.store_thread(thread_id, ns)
+        wanted = conf.get("checkpoint_id")
+        latest = self.store.latest(name)
+        self._holds.seen(name, latest.checkpoint.id if latest is not None else None)
+        if wanted is None:
+            if latest is None:
+                return None
+            if not self._hidden(name, {latest.checkpoint.run_id}):
+                return self._tuple(latest.checkpoint, latest.pending_writes)
+            for item in self._walk(name, latest.checkpoint.id, None):
+                return self._tuple(item, ())
+            return None
+        v.check_id("checkpoint_id", wanted)
+        found: Checkpoint | None
+        writes: tuple[PendingWrite, ...]
+        if latest is not None and latest.checkpoint.id == wanted:
+            found, writes = latest.checkpoint, latest.pending_writes
+        else:
+            found, writes = self.store.checkpoint(name, wanted), ()
+        if found is None or self._hidden(name, {found.run_id}):
+            return None
+        return self._tuple(found, writes)
+
+    def list(
+        self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None, limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """The namespace's checkpoints, newest first in the store's order, matching ``filter``.
+
+        ``before`` pages past a checkpoint; ``limit`` stops after that many. ``filter`` keys compare with the
+        checkpoint's metadata; the history is read in pages of at most 100 (a filter matching nothing reads the
+        whole history, page by page). Only the latest checkpoint carries pending writes.
+
+        Raises:
+            ValidationError: ``config`` names no thread (listing every thread is not offered).
+        """
+        if config is None:
+            raise ValidationError("config", ("list needs a config naming a thread_id",))
+        conf = m.configurable(config)
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
+        name = m.store_thread(thread_id, ns)
+        if limit is not None:
+            v.check_int("limit", limit, low=0)
+            if limit == 0:
+                return
+        after = m.configurable(before).get("checkpoint_id") if before is not None else None
+        wanted = dict(filter or {})
+        count = 0
+        first: StoredCheckpoint | None = None
+        if after is None:
+            first = self.store.latest(name)
+            if first is None:
+                return
+        for item, writes in self._listing(name, first, after):
+            found = self._tuple(item, writes)
+            if all(found.metadata.get(key) == value for key, value in wanted.items()):
+                yield found
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+
+    def _listing(
+        self, name: str, first: StoredCheckpoint | None, after: str | None
+    ) -> Iterator[tuple[Checkpoint, tuple[PendingWrite, ...]]]:
+        visible = self._visibility(name)
+        if first is not None:
+            if visible(first.checkpoint):
+                yield first.checkpoint, first.pending_writes
+            after = first.checkpoint.id
+        assert after is not None
+        for item in self._walk(name, after, visible):
+            yield item, ()
+
+    def _visibility(self, name: str) -> Callable[[Checkpoint], bool]:
+        """A test of whether a checkpoint of ``name`` is visible (its run not deleted), asking once per run."""
+        hidden: dict[str, bool] = {}
+
+        def visible(item: Checkpoint) -> bool:
+            if item.run_id not in hidden:
+                hidden[item.run_id] = self._hidden(name, {item.run_id})
+            return not hidden[item.run_id]
+
+        return visible
+
+    def _walk(self, name: str, after: str, visible: Callable[[Checkpoint], bool] | None) -> Iterator[Checkpoint]:
+        """The history of ``name`` older than ``after``, newest first, page by page (visible ones only)."""
+        test = visible if visible is not None else self._visibility(name)
+        cursor: str | None = after
+        while cursor is not None:
+            try:
+                page = self.store.history(name, limit=_PAGE, before=cursor)
+            except CheckpointNotFound:
+                return
+            for item in page:
+                if test(item):
+                    yield item
+            cursor = page[-1].id if len(page) == _PAGE else None
+
+    def _hidden(self, name: str, runs: set[str]) -> bool:
+        return any(self.store.effect(name, m.DELETED_RUN_KEY + run) is not None for run in runs)
+
+    def _tuple(self, item: Checkpoint, writes: Sequence[PendingWrite]) -> CheckpointTuple:
+        state = item.state
+        if not isinstance(state, dict) or state.get("format") != m.FORMAT:
+            from threadloom.domain.errors import StoreCorrupt
+
+            raise StoreCorrupt("langgraph", f"checkpoint {item.id!r} of thread {item.thread_id!r} is not LangGraph's")
+        thread_id, ns = m.split_thread(item.thread_id)
+        checkpoint = m.decode(self.serde, item.thread_id, state["checkpoint"])
+        metadata = m.decode(self.serde, item.thread_id, state["metadata"])
+        parent = state.get("parent")
+        config: RunnableConfig = {
+            "configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": item.id}
+        }
+        parent_config: RunnableConfig | None = (
+            {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+            if parent else None
+        )
+        own = [w for w in writes if w.checkpoint_id == item.id] if writes else []
+        pending = m.fold_writes(self.serde, item.thread_id, own) if own else []
+        return CheckpointTuple(config, checkpoint, metadata, parent_config, pending)
+
+    # -- thread-wide operations ------------------------------------------------------------------------------------
+
+    def _namespaces(self, thread_id: str) -> builtins.list[str]:
+        """The threadloom threads of LangGraph thread ``thread_id``: its subgraph namespaces, then the root."""
+        root = m.store_thread(thread_id, "")
+        found: builtins.list[str] = []
+        after: str | None = None
+        while True:
+            page = self.store.children(root, limit=rules.MAX_PAGE, after=after)
+            found.extend(page)
+            if len(page) < rules.MAX_PAGE:
+                break
+            after = page[-1]
+        return [*found, root]
+
+    @contextlib.contextmanager
+    def _claimed(self, name: str) -> Iterator[int]:
+        """The token of this saver's hold on ``name``, or of a claim taken for the block and released after it."""
+        hold = self._holds.get(name)
+        if hold is not None:
+            self._check_live(hold)
+            with hold.lock:
+                yield hold.token
+            return
+        claim = self.store.claim(name, ClaimRequest(holder=f"langgraph-admin-{uuid.uuid4().hex}",
+                                                    ttl=timedelta(seconds=60), tenant_id=self.tenant_id))
+        try:
+            yield claim.token
+        finally:
+            self.store.release(name, claim.token)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Deletes the LangGraph thread: every namespace's history, writes and events, fenced by claims.
+
+        A run of this saver writing the thread afterwards gets ``StaleClaim`` (the thread is not brought back)
+        until it has been quiet for ``idle_release``.
+
+        Raises:
+            ThreadBusy: another run holds the thread or one of its namespaces (nothing more deleted; retry later).
+        """
+        for name in self._namespaces(thread_id):
+            hold = self._holds.get(name)
+            if hold is None and self.store.latest(name) is None:
+                continue
+            with self._claimed(name) as token:
+                try:
+                    self.store.delete_thread(name, token)
+                except StaleClaim as error:
+                    if hold is not None:
+                        self._holds.lose(hold, error)
+                    raise
+            self._holds.seen(name, None)
+            if hold is not None:
+                self._holds.lose(hold, StaleClaim(name, hold.token, None))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Removes the checkpoints (and their writes) of runs ``run_ids`` from every thread of the saver's tenant.
+
+        Each affected namespace records, under its claim, that the run is deleted; every read then leaves the run's
+        checkpoints out (their storage is reclaimed by ``prune`` or ``delete_thread``). Visits the tenant's
+        threads page by page: the cost grows with the number of threads.
+
+        Raises:
+            ThreadBusy: another run holds an affected thread (threads visited before it are done; a retry is safe).
+        """
+        runs = [v.check_id("run_ids", run) for run in run_ids]
+        if not runs:
+            return
+        query = ThreadQuery(tenant_id=self.tenant_id, limit=ThreadQuery.MAX_LIMIT)
+        while True:
+            page = self.store.threads(query)
+            for summary in page.items:
+                for name in self._namespaces(summary.thread_id):
+                    self._hide_runs(name, runs)
+            if page.next is None:
+                break
+            query = ThreadQuery(tenant_id=self.tenant_id, limit=ThreadQuery.MAX_LIMIT, after=page.next)
+
+    def _hide_runs(self, name: str, runs: builtins.list[str]) -> None:
+        present = [run for run in runs if self.store.lookup_run(name, [run]) is not None]
+        if not present:
+            return
+        now = datetime.now(UTC)
+        effects = [
+            EffectRecord(key=m.DELETED_RUN_KEY + run, run_id=run, recorded_at=now, result={"deleted": True})
+            for run in present
+        ]
+        with self._claimed(name) as token:
+            self.store.commit(name, Commit(token=token, effects=effects))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copies every namespace's visible history of one LangGraph thread onto another, in the store's order.
+
+        The latest checkpoint's pending writes are copied with it. Reads the whole history of each namespace
+        (memory grows with it). Each checkpoint is one commit on the target, under the target's claim.
+
+        Raises:
+            ThreadBusy: another run holds the target.
+        """
+        for name in self._namespaces(source_thread_id):
+            _root, ns = m.split_thread(name)
+            latest = self.store.latest(name)
+            if latest is None:
+                continue
+            items = [item for item, _w in self._listing(name, latest, None)]
+            items.reverse()
+            writes = latest.pending_writes if items and items[-1].id == latest.checkpoint.id else ()
+            target = m.store_thread(target_thread_id, ns)
+            with self._claimed(target) as token:
+                parent = self.store.latest(target)
+                parent_id = parent.checkpoint.id if parent is not None else None
+                for index, item in enumerate(items):
+                    copied = Checkpoint(
+                        id=item.id, parent=parent_id, thread_id=target, run_id=item.run_id, status=item.status,
+                        created_at=item.created_at, state=item.state, graph_id=item.graph_id,
+                        tenant_id=self.tenant_id,
+                        origin=CheckpointOrigin(parent_thread=target_thread_id) if ns else None,
+                        metadata=item.metadata,
+                    )
+                    last = index == len(items) - 1
+                    self.store.commit(target, Commit(token=token, checkpoint=copied, pending_writes=tuple(
+                        PendingWrite(checkpoint_id=w.checkpoint_id, task_id=w.task_id, node_id=w.node_id,
+                                     payload=w.payload) for w in writes) if last else ()))
+                    parent_id = item.id
+                hold = self._holds.get(target)
+                if hold is not None and parent_id is not None:
+                    hold.stored(parent_id)
+                    self._holds.seen(target, parent_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prunes LangGraph threads: ``"keep_latest"`` keeps each namespace's latest checkpoint (and its writes),
+        ``"delete"`` deletes the threads (:meth:`delete_thread`).
+
+        Raises:
+            ValidationError: an unknown ``strategy``. ThreadBusy: as :meth:`delete_thread`.
+        """
+        if strategy not in ("keep_latest", "delete"):
+            raise ValidationError("strategy", (f"must be 'keep_latest' or 'delete', got {strategy!r}",))
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            for name in self._namespaces(thread_id):
+                self.store.prune(name, RetentionPolicy(max_checkpoints=1))
+
+    def get_next_version(self, current: str | int | float | None, channel: None = None) -> str:
+        """The next channel version: ``current``'s integer part plus one, zero-padded to 32 digits (a str)."""
+        if current is None:
+            number = 0
+        elif isinstance(current, (int, float)):
+            number = int(current)
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}"
+
+    # -- async forms (a bounded pool of threads runs the sync code) ------------------------------------------------
+    # Every async method hands its sync form to this pool: a store call blocks one of ``workers`` threads, never
+    # the event loop. Once the stores have awaitable forms of their own, ``_run`` is the one place to change.
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="threadloom-langgraph")
+            return self._pool
+
+    async def _run(self, call: Callable[[], _T]) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._run(functools.partial(self.get_tuple, config))
+
+    async def alist(
+        self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None, limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        items = self.list(config, filter=filter, before=before, limit=limit)
+        done = object()
+        while True:
+            item = await self._run(functools.partial(next, items, done))
+            if item is done:
+                return
+            yield item
+
+    async def aput(
+        self, config: RunnableConfig, checkpoint: LgCheckpoint, metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._run(functools.partial(self.put, config, checkpoint, metadata, new_versions))
+
+    async def aput_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
+    ) -> None:
+        await self._run(functools.partial(self.put_writes, config, writes, task_id, task_path))
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._run(functools.partial(self.delete_thread, thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._run(functools.partial(self.delete_for_runs, list(run_ids)))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._run(functools.partial(self.copy_thread, source_thread_id, target_thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._run(functools.partial(self.prune, list(thread_ids), strategy=strategy))
+
+
+def _producer_time(text: Any) -> datetime:
+    """The checkpoint's ``ts`` (the producer's clock, kept as a record only), or now when it is not a time."""
+    if isinstance(text, str):
+        with contextlib.suppress(ValueError):
+            parsed = datetime.fromisoformat(text)
+            if parsed.tzinfo is not None:
+                return parsed
+    return datetime.now(UTC)
+
+
+__all__ = ["ThreadBusy", "ThreadloomSaver"]

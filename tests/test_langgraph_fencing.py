@@ -1,0 +1,414 @@
+"""The hazards of LangGraph's stock savers, each refused by ThreadloomSaver: two savers (two hosts) over one storage.
+
+* a second host's concurrent run fails with ThreadBusy (or waits when asked) instead of forking the history;
+* a paused writer whose claim was taken over gets StaleClaim and writes nothing;
+* a thread deleted during a run is not brought back by the run's next write;
+* a task executed twice never mixes its writes with the other execution's;
+* a skewed clock never hides a step: the store orders the history, not the checkpoint ids' timestamps;
+* a run's own early and late writes are accepted, another run's are refused.
+
+In one process over memory (a manual clock expires claims), SQLite (two connections to one file) and PostgreSQL
+(two stores on one schema); and in two OS processes for SQLite and PostgreSQL, the first paused with SIGSTOP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+
+from threadloom import StaleClaim, ThreadBusy
+from threadloom.domain.clock import ManualClock
+from threadloom.langgraph import ThreadloomSaver
+from threadloom.persistence.memory.store import InMemoryCheckpointer
+from threadloom.persistence.sqlite.store import SqliteCheckpointer
+from threadloom.testing.harness import START
+
+AGENT = Path(__file__).with_name("langgraph_agent.py")
+
+
+def _agent():
+    spec = importlib.util.spec_from_file_location("langgraph_agent", AGENT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("langgraph_agent", module)
+    spec.loader.exec_module(module)
+    return sys.modules["langgraph_agent"]
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def two_stores(request, tmp_path):
+    """Two stores over one storage (memory: one store, it is the storage)."""
+    if request.param == "memory":
+        store = InMemoryCheckpointer()
+        yield store, store
+        store.close()
+    elif request.param == "sqlite":
+        first, second = SqliteCheckpointer.open(tmp_path / "two.db"), SqliteCheckpointer.open(tmp_path / "two.db")
+        yield first, second
+        first.close()
+        second.close()
+    else:
+        from threadloom.testing.postgres_harness import PgHarness
+
+        harness = PgHarness()
+        try:
+            yield harness.open_pg(), harness.open_pg()
+        finally:
+            harness.cleanup()
+
+
+def _put(saver, thread, parent=None, *, checkpoint_id=None, step=0, ns=""):
+    config = generate_config(thread, checkpoint_ns=ns)
+    if parent is not None:
+        config["configurable"]["checkpoint_id"] = parent["configurable"]["checkpoint_id"]
+    checkpoint = generate_checkpoint(checkpoint_id=checkpoint_id, channel_values={"n": step},
+                                     channel_versions={"n": step + 1})
+    return saver.put(config, checkpoint, generate_metadata(step=step), {"n": step + 1})
+
+
+def _ids(saver, thread):
+    return [t.checkpoint["id"] for t in saver.list(generate_config(thread))]
+
+
+def test_second_host_run_is_busy_then_waits(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        first = _put(a, "t1")
+        with pytest.raises(ThreadBusy):
+            _put(b, "t1", first, step=1)  # B's run on the thread A's run holds: refused, nothing forked
+        with pytest.raises(ThreadBusy):
+            b.put_writes(first, [("ch", "b")], "task-b")  # another run's writes too
+        assert _ids(b, "t1") == [first["configurable"]["checkpoint_id"]]
+        assert b.get_tuple(first).pending_writes == []
+        # asked to wait, B gets the thread as soon as A's run ends (here: A's saver closes)
+        import threading
+
+        threading.Timer(0.3, a.close).start()
+        with b.hold("t1", wait=timedelta(seconds=10)):
+            second = _put(b, "t1", first, step=1)
+        assert _ids(b, "t1") == [second["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_executions_of_a_task_never_mix(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        stored = _put(a, "t2")
+        a.put_writes(stored, [("x", 1), ("y", 2)], "task-1")
+        a.put_writes(stored, [("x", 10), ("y", 20), ("z", 30)], "task-1")  # a second execution, same saver
+        a.put_writes(stored, [("x", 5)], "task-2")
+        a.close()  # the host ends; another host runs the same task again
+        with b.hold("t2"):
+            b.put_writes(stored, [("x", 100), ("z", 300)], "task-1")
+            b.put_writes(stored, [("__error__", "boom")], "task-3")
+            b.put_writes(stored, [("__error__", "boom again")], "task-3")  # a special write replaces its own
+        writes = ThreadloomSaver(two_stores[1]).get_tuple(stored).pending_writes
+        assert sorted(writes) == sorted(
+            [("task-1", "x", 1), ("task-1", "y", 2), ("task-2", "x", 5), ("task-3", "__error__", "boom again")]
+        )
+    finally:
+        a.close()
+        b.close()
+
+
+def test_store_orders_history_not_checkpoint_ids(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        # host A's clock runs ahead: its checkpoint id sorts after everything host B will write
+        ahead = _put(a, "t3", checkpoint_id="ffffffff-ffff-6fff-8fff-ffffffffffff", step=0)
+        a.close()
+        with b.hold("t3"):
+            behind = _put(b, "t3", ahead, checkpoint_id="00000000-0000-6000-8000-000000000001", step=1)
+        reader = ThreadloomSaver(two_stores[0])
+        latest = reader.get_tuple(generate_config("t3"))
+        assert latest.checkpoint["id"] == behind["configurable"]["checkpoint_id"]  # B's step is not hidden
+        assert latest.parent_config["configurable"]["checkpoint_id"] == ahead["configurable"]["checkpoint_id"]
+        assert _ids(reader, "t3") == ["00000000-0000-6000-8000-000000000001", "ffffffff-ffff-6fff-8fff-ffffffffffff"]
+        reader.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_own_early_and_late_writes_are_accepted(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    try:
+        first = _put(a, "t4")
+        checkpoint = generate_checkpoint(channel_values={"n": 1}, channel_versions={"n": 2})
+        early = {"configurable": {"thread_id": "t4", "checkpoint_ns": "", "checkpoint_id": checkpoint["id"]}}
+        a.put_writes(early, [("n", "early")], "task-early")  # before its checkpoint is stored
+        config = generate_config("t4")
+        config["configurable"]["checkpoint_id"] = first["configurable"]["checkpoint_id"]
+        second = a.put(config, checkpoint, generate_metadata(step=1), {"n": 2})
+        a.put_writes(first, [("n", "late")], "task-late")  # the run's late write for the superseded checkpoint
+        reader = ThreadloomSaver(two_stores[1])
+        assert reader.get_tuple(second).pending_writes == [("task-early", "n", "early")]
+        assert reader.get_tuple(first).pending_writes == []  # a superseded checkpoint keeps no writes
+        reader.close()
+    finally:
+        a.close()
+
+
+def test_unencodable_value_is_refused_before_anything_is_written(two_stores) -> None:
+    import threading
+
+    a = ThreadloomSaver(two_stores[0])
+    try:
+        checkpoint = generate_checkpoint(channel_values={"lock": threading.Lock()}, channel_versions={"lock": 1})
+        with pytest.raises(Exception) as refused:
+            a.put(generate_config("t5"), checkpoint, generate_metadata(), {"lock": 1})
+        assert type(refused.value).__name__ == "ValidationError" and "checkpoint" in str(refused.value)
+        assert two_stores[0].current_claim("t5") is None and two_stores[0].latest("t5") is None
+        stored = _put(a, "t5")
+        with pytest.raises(Exception) as refused_write:
+            a.put_writes(stored, [("ok", 1), ("bad", threading.Lock())], "task")
+        assert type(refused_write.value).__name__ == "ValidationError"
+        assert a.get_tuple(stored).pending_writes == []
+    finally:
+        a.close()
+
+
+def test_paused_writer_and_delete_during_run_with_a_manual_clock() -> None:
+    clock = ManualClock(START)
+    store = InMemoryCheckpointer(clock=clock)
+    a = ThreadloomSaver(store, ttl=timedelta(seconds=30), idle_release=timedelta(seconds=600))
+    b = ThreadloomSaver(store)
+    try:
+        first = _put(a, "p1")
+        clock.advance(timedelta(seconds=31))  # A paused past its claim's ttl (its renewal did not run)
+        with b.hold("p1"):
+            taken = _put(b, "p1", first, step=1)
+        with pytest.raises(StaleClaim):
+            _put(a, "p1", first, step=1)  # A wakes: refused, nothing written
+        with pytest.raises(StaleClaim):
+            a.put_writes(taken, [("n", "a")], "task-a")
+        assert _ids(b, "p1") == [taken["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+        assert b.get_tuple(taken).pending_writes == []
+
+        second = _put(a, "p2")
+        clock.advance(timedelta(seconds=31))
+        b.delete_thread("p2")  # deleted during A's run
+        for _ in range(2):
+            with pytest.raises(StaleClaim):
+                _put(a, "p2", second, step=1)  # the run's next writes never bring the thread back
+        assert store.latest("p2") is None and b.get_tuple(generate_config("p2")) is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_own_delete_is_not_undone_by_the_run() -> None:
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        first = _put(a, "d1")
+        a.delete_thread("d1")
+        with pytest.raises(StaleClaim):
+            _put(a, "d1", first, step=1)
+        assert store.latest("d1") is None
+    finally:
+        a.close()
+
+
+def test_subgraph_namespace_is_a_child_thread_fenced_by_the_root() -> None:
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        _put(a, "s1")
+        _put(a, "s1", ns="tools:abc")
+        child = "s1::ns::tools:abc"
+        assert store.children("s1", limit=10) == [child]
+        assert store.latest(child).checkpoint.origin.parent_thread == "s1"
+        a.delete_thread("s1")
+        assert store.latest(child) is None and store.latest("s1") is None
+    finally:
+        a.close()
+
+
+# -- two OS processes ----------------------------------------------------------------------------------------------
+
+
+def _spawn(tmp_path: Path, store_arg: str, thread: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(AGENT), store_arg, thread, "hold"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env={**os.environ})
+
+
+def _event(proc: subprocess.Popen) -> dict:
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the child process ended early (exit {proc.wait(timeout=30)})"
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+def _two_process_hazards(tmp_path: Path, store_arg: str, saver: ThreadloomSaver) -> None:
+    agent = _agent()
+    graph = agent.build(saver)
+    config = {"configurable": {"thread_id": "h1"}}
+    host_a = _spawn(tmp_path, store_arg, "h1")
+    try:
+        assert _event(host_a) == {"event": "holding"}
+        # host A's run holds the thread (renewing): host B's run fails loudly instead of forking
+        with pytest.raises(ThreadBusy):
+            graph.invoke({"log": ["host-b:concurrent"], "steps": 0}, config)
+        host_a.send_signal(signal.SIGSTOP)  # A pauses; B waits for its claim (ttl 1 s) to expire, then takes over
+        with saver.hold("h1", wait=timedelta(seconds=20)):
+            graph.update_state(graph.get_state(config).config, {"log": ["host-b:took-over"]})
+        host_a.send_signal(signal.SIGCONT)
+        host_a.stdin.write("stale\n")
+        host_a.stdin.flush()
+        assert _event(host_a)["error"] == "StaleClaim"
+        assert host_a.wait(timeout=30) == 0
+    finally:
+        if host_a.poll() is None:
+            host_a.kill()
+    logs = [snapshot.values.get("log", []) for snapshot in graph.get_state_history(config)]
+    assert logs[0] == ["host-a:first", "host-b:took-over"]
+    assert not any("host-a:late" in log or "host-b:concurrent" in log for log in logs)
+
+    # a thread deleted while its run is paused stays deleted when the run writes again
+    host_a = _spawn(tmp_path, store_arg, "h2")
+    try:
+        assert _event(host_a) == {"event": "holding"}
+        host_a.send_signal(signal.SIGSTOP)
+        with saver.hold("h2", wait=timedelta(seconds=20)):
+            saver.delete_thread("h2")
+        host_a.send_signal(signal.SIGCONT)
+        host_a.stdin.write("reread\n")  # it even re-reads the (now empty) thread before writing
+        host_a.stdin.flush()
+        assert _event(host_a)["error"] == "StaleClaim"
+        assert host_a.wait(timeout=30) == 0
+    finally:
+        if host_a.poll() is None:
+            host_a.kill()
+    assert saver.get_tuple({"configurable": {"thread_id": "h2"}}) is None
+    assert saver.store.latest("h2") is None
+
+
+@pytest.mark.slow
+def test_two_processes_sqlite(tmp_path) -> None:
+    path = tmp_path / "hosts.db"
+    SqliteCheckpointer.open(path).close()
+    saver = ThreadloomSaver.from_url(f"sqlite:///{path}")
+    try:
+        _two_process_hazards(tmp_path, f"sqlite:{path}", saver)
+    finally:
+        saver.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_processes_postgres(tmp_path, monkeypatch) -> None:
+    from threadloom.testing.postgres_harness import PgHarness
+
+    harness = PgHarness()
+    monkeypatch.setenv("THREADLOOM_TEST_PG", harness.dsn)
+    try:
+        saver = ThreadloomSaver(harness.open_pg())
+        try:
+            _two_process_hazards(tmp_path, f"postgres:{harness.schema}", saver)
+        finally:
+            saver.close()
+    finally:
+        harness.cleanup()
+
+
+def test_a_new_hold_starts_a_new_run_after_a_delete() -> None:
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        first = _put(a, "n1")
+        a.delete_thread("n1")
+        with pytest.raises(StaleClaim):
+            _put(a, "n1", first, step=1)
+        with a.hold("n1"):
+            again = _put(a, "n1")
+        assert _ids(a, "n1") == [again["configurable"]["checkpoint_id"]]
+        assert store.current_claim("n1") is None  # released when the block ended
+    finally:
+        a.close()
+    with pytest.raises(Exception) as closed:
+        _put(a, "n2")
+    assert type(closed.value).__name__ == "StoreClosed"
+
+
+def test_a_write_between_read_and_first_write_is_a_conflict(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        with b.hold("c1"):
+            first = _put(b, "c1")
+        seen = a.get_tuple(generate_config("c1"))  # A's run reads the thread...
+        with b.hold("c1"):
+            other = _put(b, "c1", first, step=1)  # ...another host's run writes it...
+        from threadloom import CheckpointConflict
+
+        with pytest.raises(CheckpointConflict):
+            a.put_writes(seen.config, [("n", "a")], "task-a")  # ...A's run, built on what it read, is refused
+        with pytest.raises(CheckpointConflict):
+            _put(a, "c1", seen.config, step=1)
+        assert b.get_tuple(other).pending_writes == []
+        assert _ids(a, "c1") == [other["configurable"]["checkpoint_id"], first["configurable"]["checkpoint_id"]]
+        again = a.get_tuple(generate_config("c1"))  # a run that reads again may write
+        mine = _put(a, "c1", again.config, step=2)
+        assert _ids(a, "c1")[0] == mine["configurable"]["checkpoint_id"]
+    finally:
+        a.close()
+        b.close()
+
+
+class _LostAnswer:
+    """A store whose next checkpoint commits fail in flight: applied (``after``) or not (``before``), and reported
+    as ``OutcomeUnknown`` either way, as a connection dropped mid-commit would."""
+
+    def __new__(cls, inner, faults: list[str]):
+        from threadloom import OutcomeUnknown
+        from threadloom.persistence.forwarding import ForwardingCheckpointer
+
+        class Store(ForwardingCheckpointer):
+            def _forward(self, operation, *args, **kwargs):
+                if operation == "commit" and args[1].checkpoint is not None and faults:
+                    fault = faults.pop(0)
+                    if fault == "after":
+                        super()._forward(operation, *args, **kwargs)
+                    raise OutcomeUnknown("commit", "the connection was lost while the commit was in flight")
+                return super()._forward(operation, *args, **kwargs)
+
+        return Store(inner)
+
+
+def test_a_put_whose_outcome_is_unknown_learns_it_from_the_store(tmp_path) -> None:
+    from threadloom import OutcomeUnknown
+
+    faults: list[str] = []
+    store = _LostAnswer(SqliteCheckpointer.open(tmp_path / "lost.db"), faults)
+    saver = ThreadloomSaver(store, idle_release=timedelta(seconds=60))
+    try:
+        first = _put(saver, "u1")
+        faults.append("after")  # applied, answer lost: the put returns as if nothing happened
+        second = _put(saver, "u1", first, step=1)
+        faults.append("before")  # not applied: the put raises, and the same put again applies once
+        config = generate_config("u1")
+        config["configurable"]["checkpoint_id"] = second["configurable"]["checkpoint_id"]
+        checkpoint = generate_checkpoint(channel_values={"n": 2}, channel_versions={"n": 3})
+        with pytest.raises(OutcomeUnknown):
+            saver.put(config, checkpoint, generate_metadata(step=2), {"n": 3})
+        third = saver.put(config, checkpoint, generate_metadata(step=2), {"n": 3})
+        assert _ids(saver, "u1") == [third["configurable"]["checkpoint_id"], second["configurable"]["checkpoint_id"],
+                                     first["configurable"]["checkpoint_id"]]
+    finally:
+        saver.close()
+        store.close()
