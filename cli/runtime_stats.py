@@ -10,6 +10,7 @@ gauges are printed whatever their value). Nothing is written anywhere; the store
 from __future__ import annotations
 
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,7 +21,9 @@ from rich.text import Text
 from threadloom.cli.output import CliError, cell, new_table, printable
 
 READ_TIMEOUT_S = 5.0
-"""How long, in seconds, reading the metrics port may take before the command gives up."""
+"""How long, in seconds, reading the metrics port may take, the whole answer, before the command gives up."""
+CONTENT_TYPES = ("text/plain", "application/openmetrics-text")
+"""The content types of a metrics answer; an answer of another declared type (a web page) is refused."""
 MAX_BYTES = 16 * 1024 * 1024
 """The largest exposition read (bytes); a longer answer is refused."""
 PREFIX = "threadloom_"
@@ -37,11 +40,11 @@ def metrics_url(target: str) -> str:
     text = target.strip()
     if "://" not in text:
         text = f"http://{text}"
-    parts = urllib.parse.urlsplit(text)
     try:
+        parts = urllib.parse.urlsplit(text)
         port = parts.port
-    except ValueError:
-        port = None
+    except ValueError:  # an unclosed '[', a port that is not a number
+        parts, port = urllib.parse.urlsplit(""), None
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
         raise CliError(
             f"--runtime must be HOST:PORT or an http URL of a metrics port, got {printable(target)!r}", 2,
@@ -67,12 +70,26 @@ def read_samples(url: str) -> list[dict[str, Any]]:
     except ImportError as error:  # pragma: no cover - exercised only without the extra
         needs = "stats --runtime needs the metrics extra (pip install 'threadloom[metrics]')"
         raise CliError(f"{needs}: {error}") from None
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    chunks: list[bytes] = []
+    size = 0
     try:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as answer:  # noqa: S310 - http(s) only, checked
-            body = answer.read(MAX_BYTES + 1)
+            kind = answer.headers.get_content_type() if answer.headers.get("content-type") else "text/plain"
+            if kind not in CONTENT_TYPES:
+                raise CliError(f"{url} did not answer with Prometheus metrics: its content type is {printable(kind)}")
+            while size <= MAX_BYTES:  # a server that drips its answer is stopped by the deadline, not each read's
+                chunk = answer.read1(64 * 1024)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if time.monotonic() > deadline:
+                    raise CliError(f"the metrics at {url} did not finish answering within {READ_TIMEOUT_S} s")
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", None) or error
         raise CliError(f"cannot read the metrics at {url}: {printable(str(reason))}") from None
+    body = b"".join(chunks)
     if len(body) > MAX_BYTES:
         raise CliError(f"the metrics at {url} are longer than {MAX_BYTES} bytes; nothing printed")
     try:

@@ -57,10 +57,7 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
         live = claim is not None and claim.expires_at > now
         share: float | None = None
         if live and latest is not None:
-            try:
-                share = float(latest.checkpoint.metadata.get(SHARE_KEY, ""))
-            except ValueError:
-                share = None
+            share = _share(latest.checkpoint.metadata.get(SHARE_KEY))
         record_schema = record.schema if record else None
         waiting = sorted({served.rpartition("@")[2] for served in serving.get(graph_id, [])} - {record_schema})
         rows.append(
@@ -79,6 +76,16 @@ def walk_rows(store: Any, group: str, graphs: tuple[str, ...]) -> list[dict[str,
             }
         )
     return rows
+
+
+def _share(text: Any) -> float | None:
+    """The share a walk record's metadata holds: a number in (0, 1], else None (a damaged or foreign record's
+    text is never printed as a share, nor as a NaN or infinity that strict JSON readers refuse)."""
+    try:
+        share = float(text)
+    except (TypeError, ValueError):
+        return None
+    return share if 0 < share <= 1 else None
 
 
 def remaining(store: Any, graph_id: str, cursor: str | None, cap: int = COUNT_CAP) -> int:

@@ -44,8 +44,17 @@ from threadloom.domain.values import EventRecord
 
 MAX_BODY = 1024 * 1024
 """The longest request body the server reads (bytes)."""
+MAX_HEAD = 64 * 1024
+"""The longest request line and headers the server reads (bytes); a longer head is answered 431."""
+HEAD_TIMEOUT_S = 30.0
+"""How long, in seconds, a client may take to send its request (head and body) before it is answered 408."""
+MAX_DIGITS = 19
+"""The most digits a number in a request (``Content-Length``, ``Last-Event-ID``, ``after``) may have."""
 
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 413: "Too Large"}
+_REASONS = {
+    200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 408: "Request Timeout", 409: "Conflict",
+    413: "Too Large", 431: "Request Header Fields Too Large",
+}  # fmt: skip
 
 
 class HttpError(Exception):
@@ -84,7 +93,7 @@ class SseServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> SseServer:
         """Starts listening (port 0: any free port)."""
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
         return self
 
     async def close(self) -> None:
@@ -102,8 +111,13 @@ class SseServer:
         assert task is not None
         self._clients.add(task)
         try:
-            method, target, headers, body = await _read_request(reader)
-            await self._route(method, target, headers, body, writer)
+            try:
+                method, target, headers, body = await asyncio.wait_for(_read_request(reader), HEAD_TIMEOUT_S)
+            except asyncio.LimitOverrunError:
+                raise HttpError(431, f"the request head is over {MAX_HEAD} bytes") from None
+            except TimeoutError:
+                raise HttpError(408, f"the request did not arrive within {HEAD_TIMEOUT_S} s") from None
+            await self._route(method, target, headers, body, writer, reader)
         except HttpError as error:
             await _answer(writer, error.status, {"error": str(error)})
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -115,29 +129,40 @@ class SseServer:
             writer.close()
 
     async def _route(
-        self, method: str, target: str, headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
     ) -> None:
         url = urlsplit(target)
         parts = url.path.strip("/").split("/")
         query = {key: values[-1] for key, values in parse_qs(url.query).items()}
         if len(parts) == 3 and parts[0] == "threads" and parts[2] == "runs" and method == "POST":
-            await self._run(parts[1], body, writer)
+            await self._run(parts[1], body, writer, reader)
         elif len(parts) == 3 and parts[0] == "threads" and parts[2] == "events" and method == "GET":
-            after = headers.get("last-event-id") or query.get("after") or "0"
-            if not after.isdigit():
+            after = _number(headers.get("last-event-id") or query.get("after") or "0")
+            if after is None or after >= 2**63:
                 raise HttpError(400, "Last-Event-ID and after must be event numbers")
-            await self._events(parts[1], int(after), query.get("until_run"), query.get("tenant"), writer)
+            await self._events(parts[1], after, query.get("until_run"), query.get("tenant"), writer, reader)
         else:
             raise HttpError(404, f"no route {method} {url.path}")
 
-    async def _run(self, thread_id: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _run(
+        self, thread_id: str, body: bytes, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
+    ) -> None:
         try:
             request = json.loads(body or b"{}")
         except ValueError:
             raise HttpError(400, "the body is not JSON") from None
         if not isinstance(request, dict):
             raise HttpError(400, "the body must be a JSON object")
-        graph = self.graphs.get(request.get("graph", ""))
+        name = request.get("graph", "")
+        if not isinstance(name, str):
+            raise HttpError(400, "graph must be a string, a graph_id")
+        graph = self.graphs.get(name)
         if graph is None:
             raise HttpError(404, f"no graph {request.get('graph')!r}")
         tenant = request.get("tenant")
@@ -161,7 +186,7 @@ class SseServer:
 
         outcome.add_done_callback(ended)
         try:
-            await _stream(writer, subscription, run_id=handle.run_id)
+            await _stream(writer, reader, subscription, run_id=handle.run_id)
             if outcome.done() and outcome.result() is not None:
                 writer.write(f"event: error\ndata: {json.dumps({'error': outcome.result()})}\n\n".encode())
                 await writer.drain()
@@ -169,7 +194,13 @@ class SseServer:
             outcome.cancel()  # stops awaiting the handle only: the run goes on
 
     async def _events(
-        self, thread_id: str, after: int, until_run: str | None, tenant: str | None, writer: asyncio.StreamWriter
+        self,
+        thread_id: str,
+        after: int,
+        until_run: str | None,
+        tenant: str | None,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
     ) -> None:
         try:
             subscription = self.runtime.subscribe(thread_id, after, tenant_id=tenant, until_run_end=until_run)
@@ -177,7 +208,14 @@ class SseServer:
             raise HttpError(400, str(error)) from None
         except TenantMismatch as error:
             raise HttpError(403, str(error)) from None
-        await _stream(writer, subscription)
+        await _stream(writer, reader, subscription)
+
+
+def _number(text: str) -> int | None:
+    """``text`` as a non-negative integer of ASCII digits (at most :data:`MAX_DIGITS`), else None."""
+    if not text or len(text) > MAX_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 
 async def _outcome(handle: Any) -> str | None:
@@ -191,8 +229,15 @@ async def _outcome(handle: Any) -> str | None:
     return None
 
 
-async def _stream(writer: asyncio.StreamWriter, subscription: Any, *, run_id: str | None = None) -> None:
-    """Writes the stream's head, then each event of ``subscription`` (of ``run_id`` only, when given)."""
+async def _stream(
+    writer: asyncio.StreamWriter, reader: asyncio.StreamReader, subscription: Any, *, run_id: str | None = None
+) -> None:
+    """Writes the stream's head, then each event of ``subscription`` (of ``run_id`` only, when given).
+
+    A client that closes its side ends the stream at once, even while no event comes (the subscription is
+    cancelled: nothing is left waiting for a client that went away)."""
+    gone = asyncio.ensure_future(_client_gone(reader))
+    gone.add_done_callback(lambda _done: subscription.cancel())
     writer.write(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n"
     )
@@ -206,7 +251,17 @@ async def _stream(writer: asyncio.StreamWriter, subscription: Any, *, run_id: st
         writer.write(f"event: error\ndata: {json.dumps({'error': str(error)})}\n\n".encode())
         await writer.drain()
     finally:
+        gone.cancel()
         subscription.cancel()
+
+
+async def _client_gone(reader: asyncio.StreamReader) -> None:
+    """Returns once the client closed its side of the connection (it sends nothing more on a stream)."""
+    try:
+        while await reader.read(4096):
+            pass
+    except ConnectionError:
+        pass
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
@@ -221,12 +276,15 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[st
         if ":" in line:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-    length = headers.get("content-length", "0")
-    if not length.isdigit():
-        raise HttpError(400, "bad content-length")
-    if int(length) > MAX_BODY:
+    text = headers.get("content-length", "0")
+    if len(text) > MAX_DIGITS and text.isascii() and text.isdigit():
         raise HttpError(413, f"the body is over {MAX_BODY} bytes")
-    body = await reader.readexactly(int(length)) if int(length) else b""
+    length = _number(text)
+    if length is None:
+        raise HttpError(400, "bad content-length")
+    if length > MAX_BODY:
+        raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+    body = await reader.readexactly(length) if length else b""
     return method, target, headers, body
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, ThreadBusy
+from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, TenantMismatch, ThreadBusy
 from threadloom.domain.values import ClaimRequest, PendingWrite
 from threadloom.langgraph import _mapping
 from threadloom.persistence.base import Checkpointer
@@ -98,6 +98,7 @@ class Holds:
             StaleClaim: the saver's claim on the thread was lost (taken over or deleted) and the run has not been
                 quiet for ``idle_release`` since (an ``explicit`` hold starts a new run instead); nothing written.
             StoreClosed: the saver was closed.
+            TenantMismatch: the thread's latest checkpoint is another tenant's than the saver's; no claim is kept.
             ThreadBusy: another run holds the thread (after waiting up to ``wait`` when given).
         """
         if self._stop.is_set():
@@ -148,6 +149,9 @@ class Holds:
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         try:
             stored = self._store.latest(thread_id)
+            if stored is not None and stored.checkpoint.tenant_id != self._tenant:
+                # a thread belongs to the tenant of its first run (README "LangGraph"): never write onto another's
+                raise TenantMismatch(thread_id, self._tenant)
         except BaseException:
             self._quiet_release(thread_id, claim.token)
             raise

@@ -61,7 +61,24 @@ _PAGE = 100
 
 
 def _no_pickle_serde() -> JsonPlusSerializer:
-    return JsonPlusSerializer(pickle_fallback=False)
+    # allowed_msgpack_modules=None: only LangGraph's safe types are rebuilt on read; a stored value naming any
+    # other callable comes back as its argument (data), it is never imported and called
+    return JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=None)
+
+
+def _check_serde(serde: Any) -> Any:
+    """Refuses a serializer that would load pickle or call any callable a stored value names."""
+    if getattr(serde, "pickle_fallback", False) is True:
+        raise ValidationError("serde", ("must not fall back to pickle (pickle_fallback=False)",))
+    if getattr(serde, "_allowed_msgpack_modules", None) is True:
+        raise ValidationError(
+            "serde",
+            (
+                "must not rebuild every type a stored value names (allowed_msgpack_modules=True calls any callable "
+                "on read); list the types to rebuild in allowed_msgpack_modules",
+            ),
+        )
+    return serde
 
 
 class ThreadloomSaver(BaseCheckpointSaver[str]):
@@ -79,7 +96,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     Args:
         store: any threadloom store.
-        serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False)``. Whatever is given, a
+        serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False,
+            allowed_msgpack_modules=None)`` (only LangGraph's safe types are rebuilt on read; any other type a stored
+            value names comes back as data). A serializer with ``pickle_fallback=True`` or
+            ``allowed_msgpack_modules=True`` is refused (``ValidationError`` naming ``serde``). Whatever is given, a
             value the serializer would pickle is refused (``ValidationError``) before anything is written.
         ttl: the claim's time to live (default 30 s): how long after a host dies before another may take over.
         renew_every: how often held claims are renewed (default ``ttl / 3``); must be below ``ttl``.
@@ -109,7 +129,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         v.check_positive_duration("idle_release", idle_release)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_int("workers", workers, low=1, high=64)
-        super().__init__(serde=serde if serde is not None else _no_pickle_serde())
+        super().__init__(serde=_check_serde(serde) if serde is not None else _no_pickle_serde())
         self.store = store
         self.tenant_id = tenant_id
         self._owns_store = False

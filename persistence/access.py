@@ -46,6 +46,15 @@ _T = TypeVar("_T")
 Stamped = list[tuple[_T, StampColumns | None]]
 
 
+def _own(value: Any, tenant_id: str | None) -> bool:
+    """False for a checkpoint (or an export's ``(kind, checkpoint)``) committed for another tenant than
+    ``tenant_id``: a thread's stamp is derived from its latest checkpoint, so a restamp after a change of tenant
+    names the newer tenant on the older tenant's checkpoints; those stay hidden (fail closed)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        value = value[1]
+    return not isinstance(value, Checkpoint) or value.tenant_id == tenant_id
+
+
 def check_access(value: Any) -> AccessSchemas:
     """Validates a store's ``access`` option: an ``AccessSchemas`` or None (none declared)."""
     if value is None:
@@ -265,7 +274,11 @@ class AccessStore(AccessContract):
             expected = self._current_schema(graph_id)
             if expected is None:
                 return []
-        return [value for value, stamp in rows if stamp is not None and stamp[0] == expected and stamp[1] == tenant_id]
+        return [
+            value
+            for value, stamp in rows
+            if stamp is not None and stamp[0] == expected and stamp[1] == tenant_id and _own(value, tenant_id)
+        ]
 
     def _export(self, tenant_id: str | None, after: str | None, limit: int) -> TenantExportPage:
         ids = self._tenant_threads(tenant_id, after, limit + 1)

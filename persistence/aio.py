@@ -415,12 +415,27 @@ async def open_async_store(url: str, *, max_workers: int | None = None, **option
 
     Raises:
         ValidationError, ProcessingError: as ``open_store``; nothing is left open.
+        asyncio.CancelledError: the task was cancelled; a store the open made meanwhile is closed (nothing is
+            left open).
     """
     if max_workers is not None:
         v.check_int("max_workers", max_workers, low=1, high=MAX_WORKERS)
     loop = asyncio.get_running_loop()
-    store = await loop.run_in_executor(None, functools.partial(open_store, url, **options))
+    opening = loop.run_in_executor(None, functools.partial(open_store, url, **options))
+    try:
+        store = await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)  # the worker thread opens it anyway: close what it opened
+        raise
     return AsyncStore(store, max_workers=max_workers)
+
+
+def _close_opened(done: asyncio.Future[Checkpointer]) -> None:
+    """Closes the store an open whose caller was cancelled made (off the loop: closing may wait on I/O)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    store = done.result()
+    threading.Thread(target=store.close, name="threadloom-aio-close", daemon=True).start()
 
 
 __all__ = ["DEFAULT_WORKERS", "MAX_WORKERS", "AsyncStore", "open_async_store"]

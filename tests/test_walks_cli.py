@@ -177,3 +177,23 @@ def test_walks_refuses_a_bad_group(backend: Backend) -> None:
     result = run(backend, "walks", "--group", "a#b")
     assert result.exit_code == 2
     assert "group" in result.output
+
+
+@pytest.mark.parametrize("share", ["nan", "inf", "-3", "7", "0", "half"])
+def test_walks_shows_no_share_for_a_walk_record_whose_share_is_not_one(tmp_path: Path, share: Any) -> None:
+    from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
+    from threadloom.domain.access import WalkRecord, walk_thread_id
+
+    backend = _sqlite(tmp_path, None)  # type: ignore[arg-type]
+    walk = walk_thread_id(DEFAULT_GROUP, "g")
+    with backend.open(access=ACCESS) as store:
+        fill(store, 1)
+        claim = store.claim(walk, ClaimRequest(holder="walker", ttl=timedelta(minutes=5)))
+        record = WalkRecord(graph_id="g", schema=HASH, heads=1)
+        checkpoint = record.checkpoint(walk, id="w-0", parent=None, run_id="walker", created_at=T0)
+        checkpoint = attrs.evolve(checkpoint, metadata={SHARE_KEY: share})
+        store.commit(walk, Commit(token=claim.token, checkpoint=checkpoint))
+    result = run(backend, "--json", "walks", "--graph", "g")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)["walks"]
+    assert row["holder"] == "walker" and row["share"] is None

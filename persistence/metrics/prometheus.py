@@ -172,7 +172,8 @@ def serve(registry: Any, port: int, *, host: str = "127.0.0.1") -> MetricsServer
         host: the address to listen on; the loopback by default (``"0.0.0.0"`` to be scraped from elsewhere).
 
     Raises:
-        ValidationError: ``port`` is not 0..65535, or ``prometheus_client`` is not installed.
+        ValidationError: ``port`` is not 0..65535, ``host`` is empty or not a str, or ``prometheus_client`` is
+            not installed.
         OSError: the port is taken.
     """
     from socketserver import ThreadingMixIn
@@ -180,6 +181,9 @@ def serve(registry: Any, port: int, *, host: str = "127.0.0.1") -> MetricsServer
 
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValidationError("port", (f"must be an int from 0 to 65535, got {port!r}",))
+    if not isinstance(host, str) or not host.strip():
+        # an empty host would listen on every interface: say so with "0.0.0.0", never by omission
+        raise ValidationError("host", (f'must name an address ("0.0.0.0" for every interface), got {host!r}',))
     prom = _import_prometheus()
 
     class Server(ThreadingMixIn, WSGIServer):

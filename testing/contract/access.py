@@ -271,6 +271,23 @@ class AccessContract:
         assert new.tenant_history("t", "other", limit=10) == []
         assert new.stamp_thread("t") == 0
 
+    def test_a_restamp_never_shows_a_checkpoint_committed_for_another_tenant(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        # The store takes a checkpoint naming another tenant than the thread's earlier ones (the runtime refuses
+        # such a run with TenantMismatch; a direct writer is not refused). A restamp derives the thread's stamp
+        # from its latest checkpoint: the older tenant's checkpoints must still never reach the newer tenant.
+        writer = Writer(store, harness, "t", tenant=None)
+        chat_step(writer, "c1", tenant="acme", events=0, pending=0, effects=0)
+        chat_step(writer, "c2", tenant="other", events=0, pending=0, effects=0)
+        new = v2(harness)
+        for reader in (store, new):
+            assert ids_of(reader.tenant_history("t", "other", limit=10)) == ["c2"]
+            (thread,) = reader.export_tenant("other", limit=10).threads
+            assert ids_of(thread.checkpoints) == ["c2"]
+            # c1 is acme's: shown to acme while its stamp names acme, hidden once a restamp names "other"
+            assert ids_of(reader.tenant_history("t", "acme", limit=10)) in (["c1"], [])
+
     def test_export_tenant_pages_the_tenants_threads_with_every_row(
         self, harness: StoreHarness, store: Checkpointer
     ) -> None:
