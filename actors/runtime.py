@@ -35,7 +35,7 @@ from threadloom.actors.subscription import Subscription, Tail, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
 from threadloom.actors.walker import DEFAULT_GROUP, ShareQuery, WalkSetup, WalksQuery, store_access
 from threadloom.domain import validation as v
-from threadloom.domain.access import AccessSchemas, AccessStampOptions, WalkRecord, member_group
+from threadloom.domain.access import AccessSchemas, AccessStampOptions, TenantExportPage, WalkRecord, member_group
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
@@ -51,6 +51,7 @@ from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
     CheckpointStatus,
+    EventRecord,
     StoredCheckpoint,
     SweepPage,
     SweepPolicy,
@@ -563,6 +564,55 @@ class GraphRuntime(AsyncRuntimeMixin):
         v.check_optional_id("tenant_id", tenant_id)
         self._ensure_open("latest")
         return self._check_tenant(thread_id, tenant_id)
+
+    def history(
+        self, thread_id: str, tenant_id: str | None = None, *, limit: int = 50, before: str | None = None
+    ) -> list[Checkpoint]:
+        """Up to ``limit`` (1..1000) of the thread's checkpoints stamped for ``tenant_id``, newest first, before
+        checkpoint ``before`` (README "Access schemas": tenant-scoped reads fail closed).
+
+        Read through the store's ``tenant_history``: a checkpoint stamped for another tenant is never returned,
+        and one without the current schema's stamp is first stamped from its thread's latest checkpoint (one
+        write transaction), never shown unchecked. Another tenant's thread reads as an empty list.
+
+        Raises:
+            CheckpointNotFound: ``before`` is not a checkpoint of the thread.
+            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
+            Retrying is safe.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_optional_id("tenant_id", tenant_id)
+        self._ensure_open("history")
+        return self.store.tenant_history(thread_id, tenant_id, limit=limit, before=before)
+
+    def events(
+        self, thread_id: str, tenant_id: str | None = None, *, after_seq: int = 0, limit: int = 100
+    ) -> list[EventRecord]:
+        """Up to ``limit`` (1..1000) of the thread's events with ``seq > after_seq`` stamped for ``tenant_id``,
+        oldest first, read through the store's ``tenant_events_after`` (fails closed like :meth:`history`).
+
+        Raises:
+            ReplayUnavailable: ``after_seq`` is below the thread's replay floor; ThreadDeleted: the thread is gone.
+            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
+            Retrying is safe.
+        """
+        v.check_id("thread_id", thread_id)
+        v.check_optional_id("tenant_id", tenant_id)
+        self._ensure_open("events")
+        return self.store.tenant_events_after(thread_id, tenant_id, after_seq, limit)
+
+    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
+        """One page (``limit`` 1..100 threads) of ``tenant_id``'s threads, ascending by thread id after ``after``,
+        each with its checkpoints, pending writes, events and effect records - only rows stamped for that tenant
+        (the store's ``export_tenant``; README "Access schemas"). Page on with the page's ``next``.
+
+        Raises:
+            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
+            Retrying is safe.
+        """
+        v.check_optional_id("tenant_id", tenant_id)
+        self._ensure_open("export_tenant")
+        return self.store.export_tenant(tenant_id, after=after, limit=limit)
 
     def delete_thread(self, thread_id: str, tenant_id: str | None = None) -> list[str]:
         """Deletes the thread and all its descendants, each delete fenced by the root's claim.
