@@ -502,8 +502,9 @@ class Walker(pykka.ThreadingActor):
         self._page.popleft()
         self._page_stamped += 1
         self._page_last = thread_id
-        wait = self._pace.stamped(took)
-        self._not_before = clock.now() + timedelta(seconds=wait)
+        ended = clock.now()
+        wait = self._pace.stamped(took, ended)
+        self._not_before = ended + timedelta(seconds=wait)
         self._log.debug("access.stamped", thread_id=thread_id, rows=rows, duration_ms=round(took * 1000, 3))
         if self._meter is not None:
             self._m_threads.add(1)

@@ -82,6 +82,7 @@ class _TimedStamps(ForwardingCheckpointer):
         self.busy = 0.0
         self.first: float | None = None
         self.last = 0.0
+        self.longest = 0.0
 
     def stamp_thread(self, thread_id: str, *, fence: tuple[str, int] | None = None) -> int:
         began = time.perf_counter()
@@ -90,6 +91,7 @@ class _TimedStamps(ForwardingCheckpointer):
         finally:
             ended = time.perf_counter()
             self.busy += ended - began
+            self.longest = max(self.longest, ended - began)
             self.first = began if self.first is None else self.first
             self.last = ended
 
@@ -147,7 +149,8 @@ def _measure(name: str, url: str, settings: Settings, threads: int, cleanup: Cal
         # thread, so a phase much shorter than a second is dominated by one long stamp (a lock wait) and its pause
         walking: list[float] = []
         quiet: list[float] = []
-        busy = walked_s = 0.0
+        busy = walked_s = longest = 0.0
+        presses = 0
         done = False
         pairs: list[float] = []
         for round_ in range(ROUNDS):  # ABBA: with-without, then without-with, ...: a load drift touches both alike
@@ -161,11 +164,14 @@ def _measure(name: str, url: str, settings: Settings, threads: int, cleanup: Cal
                 runtime = GraphRuntime(timed, node_id="bench", access_options=options, access_group="share")
                 try:
                     time.sleep(0.3)  # claimed (or resumed at its cursor) and walking
-                    before = timed.busy
+                    before, pressed_before = timed.busy, store.write_pressure.presses
+                    timed.longest = 0.0
                     began = time.perf_counter()
                     counts[kind], lat = _commit_phase(store, phase, "with")
                     walked_s += time.perf_counter() - began
                     busy += timed.busy - before
+                    longest = max(longest, timed.longest)
+                    presses += store.write_pressure.presses - pressed_before
                     walking += lat
                     done = done or _walk_done(runtime)
                 finally:
@@ -203,7 +209,8 @@ def _measure(name: str, url: str, settings: Settings, threads: int, cleanup: Cal
         f"{name}: {threads} threads of 3 checkpoints to walk; {WRITERS} writer threads, a checkpoint and an event"
         f" per commit, in {ROUNDS} rounds of a phase with the walk and one without (ABBA order; with/without per"
         f" round: {', '.join(f'{r:.2f}' for r in pairs)}); the share is the walk's stamp_thread time over the"
-        " phases it ran in"
+        f" phases it ran in (the longest stamp_thread call in them: {longest * 1000:.0f} ms; the store's presses"
+        f" in them: {presses})"
     )
     bound = " (walk completed: a lower bound)" if done else ""
     p99_with, p99_without = _p99(walking), _p99(quiet)

@@ -5,7 +5,10 @@ A walk is background work on the store live commits write to, so it takes a boun
 
 - ``share`` starts at ``walk_share``. After stamping a thread that took ``w`` seconds the walker waits
   ``max(w * (1 / share - 1), 1 / walk_rate - w)`` seconds (never less than 0): its stamping is at most ``share`` of
-  its time, and it stamps at most ``walk_rate`` threads a second.
+  its time, and it stamps at most ``walk_rate`` threads a second. Given the time the thread ended, it also waits
+  until the next thread - counted as long as the last one - keeps the walker's stamping within any one second at
+  most ``share`` of that second (the per-thread wait alone lets a run of slow threads that follows fast ones take
+  more of a short span); this only ever lengthens the wait.
 - Each second the walker reads whether the store's writes were *pressed*: pressed, ``share`` halves, down to
   ``walk_share / 8``; not pressed, it comes back by ``walk_share / 8``, up to ``walk_share``.
 - A page holds the threads the current pace stamps in ``interval`` (at least 1, at most ``walk_batch``), so the
@@ -17,6 +20,7 @@ thread-safe: one walker owns one pace.
 
 from __future__ import annotations
 
+import collections
 import math
 from datetime import datetime, timedelta
 
@@ -29,6 +33,8 @@ PRESS_FLOOR = 8
 """The share never falls below ``walk_share / PRESS_FLOOR`` and comes back by that much a second."""
 SECOND = timedelta(seconds=1)
 """How often the pressed signal moves the share."""
+_TIME_GRAIN = 1e-6
+"""Seconds: a datetime's resolution; stamping within this of the second's budget still fits it."""
 
 
 def _check_share(field: str, value: object) -> float:
@@ -65,6 +71,9 @@ class WalkPace:
         self.interval = v.check_positive_duration("interval", interval)
         self.walk_batch = v.check_int("walk_batch", walk_batch, low=1)
         self._second_started = v.check_aware("now", now)
+        self._origin = self._second_started
+        self._stamps: collections.deque[tuple[float, float]] = collections.deque()
+        """(start, end) of the threads stamped within the last second, in seconds after ``_origin``, oldest first."""
         self.share = self.walk_share
         """The share in force now: ``walk_share`` halved per pressed second, down to ``walk_share / 8``."""
         self.last_stamp_s: float | None = None
@@ -88,14 +97,42 @@ class WalkPace:
         """The lowest share: ``walk_share / 8``."""
         return self.walk_share / PRESS_FLOOR
 
-    def stamped(self, seconds: float) -> float:
+    def stamped(self, seconds: float, ended: datetime | None = None) -> float:
         """Records that stamping one thread took ``seconds`` (>= 0); returns how long to wait now, in seconds.
 
         The wait is ``max(w * (1 / share - 1), 1 / walk_rate - w)``, at least 0, with the share in force now.
+        With ``ended`` (an aware datetime: when the thread's stamping ended, by the clock ``now`` came from) the
+        wait is also at least what keeps the stamping within the second that ends with the next thread - counted
+        as taking ``w`` too - at most ``share`` of it; a thread longer than ``share`` of a second has only the
+        first bound.
         """
         w = max(0.0, float(seconds))
         self.last_stamp_s = w
-        return max(w * (1.0 / self.share - 1.0), 1.0 / self.walk_rate - w, 0.0)
+        wait = max(w * (1.0 / self.share - 1.0), 1.0 / self.walk_rate - w, 0.0)
+        if ended is None:
+            return wait
+        return max(wait, self._second_budget_wait(w, (v.check_aware("ended", ended) - self._origin).total_seconds()))
+
+    def _second_budget_wait(self, w: float, end: float) -> float:
+        """The least wait after a thread that took ``w`` and ended at ``end`` (seconds after ``_origin``) such
+        that the second ending with a next thread of ``w`` holds at most ``share`` of a second of stamping."""
+        horizon = SECOND.total_seconds()
+        stamps = self._stamps
+        if stamps and end < stamps[-1][1]:  # a clock that went back: the earlier stamps say nothing any more
+            stamps.clear()
+        stamps.append((end - w, end))
+        while stamps and stamps[0][1] <= end - horizon:
+            stamps.popleft()
+        budget = self.share * horizon - w  # what the stamps already made may take of that second
+        if budget <= 0:
+            return 0.0
+        busy = 0.0
+        for start, stop in reversed(stamps):  # newest first: the earliest start of the second that fits
+            if busy + (stop - start) > budget + _TIME_GRAIN:  # (a stamp that just fits is no reason to wait)
+                earliest = stop - max(0.0, budget - busy)
+                return max(0.0, earliest - (end + w - horizon))
+            busy += stop - start
+        return 0.0
 
     def second(self, pressed: bool) -> float:
         """Applies one second of the pressed signal; returns the share now.

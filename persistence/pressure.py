@@ -16,6 +16,13 @@ second - ``store.pressed(window)`` - and halves its share while they were. The s
   - PostgreSQL: waiting for a pooled connection or for a row lock (``SELECT … FOR UPDATE`` behind another
     transaction); ``lock_timeout``, ``statement_timeout`` and a pool timeout end in ``StoreUnavailable``.
 
+- **every store, relative to its own latency**: the 90th percentile of the write calls of the last whole second
+  (at least ``RELATIVE_MIN_CALLS`` of them) above ``press_ratio`` (default 1.5) times the store's baseline - a
+  slow moving average of the earlier seconds' 90th percentiles, which rises by at most ``press_ratio`` of itself
+  per ``RELATIVE_MEMORY`` seconds, so a lasting change of the load becomes the new normal in about a minute - and
+  above ``RELATIVE_FLOOR`` (1 ms; below it a store is not waiting on anything). The baseline is judged only after
+  ``RELATIVE_WARMUP`` seconds with calls. A walk's stamping that delays live commits shows here before any call
+  reaches ``press_threshold``.
 - **PostgreSQL, in addition**: the pool's own statistics (``psycopg_pool`` ``get_stats()``): a request waiting for
   a connection now, or a request that waited (``requests_queued`` grew) since the last read.
 
@@ -35,12 +42,24 @@ from time import monotonic, perf_counter
 from typing import Any, TypeVar
 
 from threadloom.domain import validation as v
-from threadloom.domain.errors import OutcomeUnknown, StoreUnavailable, ThreadloomError
+from threadloom.domain.errors import OutcomeUnknown, StoreUnavailable, ThreadloomError, ValidationError
 
 PRESS_THRESHOLD = timedelta(milliseconds=100)
 """The default ``press_threshold``: a write call longer than this presses the store."""
 PRESS_WINDOW = timedelta(seconds=1)
 """The default window of :meth:`WritePressure.pressed`."""
+PRESS_RATIO = 1.5
+"""The default ``press_ratio``: a second whose write calls' p90 exceeds this times the baseline presses the store."""
+RELATIVE_MIN_CALLS = 5
+"""A second with fewer write calls than this says nothing about latency."""
+RELATIVE_FLOOR = 0.001
+"""Seconds: a p90 below this never presses (the store waited on nothing)."""
+RELATIVE_MEMORY = 30
+"""Seconds: the baseline moves ``1 / RELATIVE_MEMORY`` of the way to each second's p90 (capped, see the module)."""
+RELATIVE_WARMUP = 3
+"""Seconds with calls before the baseline is judged."""
+RELATIVE_SAMPLES = 4096
+"""The most write calls one second keeps for its p90 (the rest of that second is not sampled)."""
 HISTORY_READS = 4
 """The default size of a store's history bulkhead: history reads (a walk's stamping) running at once."""
 
@@ -67,12 +86,42 @@ class WritePressure:
             statistics; None: none.
     """
 
-    def __init__(self, threshold: timedelta = PRESS_THRESHOLD, probe: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        threshold: timedelta = PRESS_THRESHOLD,
+        probe: Callable[[], bool] | None = None,
+        *,
+        ratio: float | None = PRESS_RATIO,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
         self._threshold_s = v.check_positive_duration("press_threshold", threshold).total_seconds()
-        self._last_press = -1e300  # monotonic seconds of the last press
+        self._ratio = _check_ratio(ratio)
+        self._clock = clock
+        self._last_press = -1e300  # clock seconds of the last press
         self._presses = 0
         self._lock = threading.Lock()
         self.probe = probe
+        # the relative signal: this second's call durations, and the baseline of the earlier seconds' p90
+        self._second_started: float | None = None
+        self._durations: list[float] = []
+        self._baseline: float | None = None
+        self._seconds_seen = 0
+        self.last_p90: float | None = None
+        """Seconds: the p90 of the write calls of the last whole second judged (None: none yet)."""
+
+    @property
+    def ratio(self) -> float | None:
+        """A second whose write calls' p90 exceeds this times the baseline presses the store (None: off)."""
+        return self._ratio
+
+    @ratio.setter
+    def ratio(self, value: float | None) -> None:
+        self._ratio = _check_ratio(value)
+
+    @property
+    def baseline(self) -> float | None:
+        """Seconds: the slow moving p90 of this store's write calls (None before the first judged second)."""
+        return self._baseline
 
     @property
     def threshold(self) -> timedelta:
@@ -91,20 +140,60 @@ class WritePressure:
     def press(self) -> None:
         """Records a press now (a refused bulkhead slot, a write that waited)."""
         with self._lock:
-            self._last_press = monotonic()
-            self._presses += 1
+            self._press_locked(self._clock())
+
+    def _press_locked(self, now: float) -> None:
+        self._last_press = max(self._last_press, now)
+        self._presses += 1
 
     def record(self, seconds: float, error: BaseException | None = None) -> None:
         """Records a write call that took ``seconds`` and ended with ``error`` (None: it returned)."""
         if seconds > self._threshold_s or isinstance(error, (StoreUnavailable, OutcomeUnknown)):
             self.press()
+        if self._ratio is None:
+            return
+        with self._lock:
+            now = self._clock()
+            self._roll(now)
+            if len(self._durations) < RELATIVE_SAMPLES:
+                self._durations.append(seconds)
+
+    def _roll(self, now: float) -> None:
+        """Under the lock: closes the second of calls once it is over, judging its p90 against the baseline."""
+        started = self._second_started
+        if started is None or now < started:  # the first call, or a clock that went back: start a second now
+            self._second_started = now
+            self._durations = []
+            return
+        if now - started < 1.0:
+            return
+        durations, self._durations = self._durations, []
+        self._second_started = now if now - started >= 2.0 else started + 1.0
+        ratio = self._ratio
+        if ratio is None or len(durations) < RELATIVE_MIN_CALLS:
+            return
+        durations.sort()
+        p90 = durations[min(len(durations) - 1, int(0.9 * len(durations)))]
+        self.last_p90 = p90
+        baseline = self._baseline
+        self._seconds_seen += 1
+        if baseline is None:
+            self._baseline = p90
+            return
+        if self._seconds_seen > RELATIVE_WARMUP and p90 > ratio * baseline and p90 > RELATIVE_FLOOR:
+            self._press_locked(started + 1.0)
+        self._baseline = baseline + (min(p90, ratio * baseline) - baseline) / RELATIVE_MEMORY
 
     def pressed(self, window: timedelta = PRESS_WINDOW) -> bool:
         """Whether the store was pressed within the last ``window`` (judged by this process's monotonic clock),
         or the probe says it is pressed now."""
         seconds = window.total_seconds() if isinstance(window, timedelta) else float(window)
-        if monotonic() - self._last_press <= seconds:
-            return True
+        with self._lock:
+            now = self._clock()
+            if self._ratio is not None:
+                self._roll(now)
+            if now - self._last_press <= seconds:
+                return True
         probe = self.probe
         if probe is not None:
             try:
@@ -114,6 +203,14 @@ class WritePressure:
             except Exception:  # noqa: BLE001 - a probe that fails says nothing; never fail the caller
                 return False
         return False
+
+
+def _check_ratio(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < float("inf"):
+        raise ValidationError("press_ratio", (f"must be a finite number > 1 or None, got {value!r}",))
+    return float(value)
 
 
 def timed_write(operation: str) -> Callable[[_F], _F]:

@@ -142,3 +142,48 @@ def test_out_of_range_arguments_name_the_field(kwargs: dict[str, object], field:
     with pytest.raises(ValidationError) as raised:
         WalkPace(**args)  # type: ignore[arg-type]
     assert raised.value.field == field
+
+
+def _second_busy(stamps: list[tuple[float, float]], end: float) -> float:
+    """Stamping time within the second ending at ``end``."""
+    return sum(max(0.0, min(stop, end) - max(start, end - 1.0)) for start, stop in stamps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(share=st.floats(min_value=0.01, max_value=1.0), works=stamp_times.map(lambda ws: [w / 10 for w in ws]))
+def test_with_the_end_time_each_second_keeps_to_the_share_and_the_wait_is_never_shorter(
+    share: float, works: list[float]
+) -> None:
+    p = pace(share, rate=10_000.0)
+    law = pace(share, rate=10_000.0)
+    now = 0.0
+    stamps: list[tuple[float, float]] = []
+    for index, w in enumerate(works):
+        start, now = now, now + w
+        stamps.append((start, now))
+        wait = p.stamped(w, T0 + timedelta(seconds=now))
+        assert wait >= law.stamped(w) - 1e-9  # the per-thread law still holds: the wait only grows
+        # the second that ends with the stamp just made holds at most the share, plus what this thread took
+        # beyond the one before it (the pace counted the next thread as long as the last one)
+        grew = max(0.0, w - works[index - 1]) if index else w
+        if w <= share:
+            assert _second_busy(stamps, now) <= share + grew + 1e-5  # datetimes hold microseconds
+        now += wait
+
+
+def test_slow_threads_after_fast_ones_wait_for_the_second_to_make_room() -> None:
+    p = pace(0.1, rate=10_000.0)
+    now = 0.0
+    for _ in range(50):  # fast threads, 2 ms each, paced by the law: 18 ms apart
+        now += 0.002
+        assert p.stamped(0.002, T0 + timedelta(seconds=now)) == pytest.approx(0.018)
+        now += 0.018
+    now += 0.030  # then a slow one (30 ms): its second already holds 0.1 s of stamping
+    assert p.stamped(0.030, T0 + timedelta(seconds=now)) > 0.27 + 0.05  # longer than the law's 270 ms
+    assert pace(0.1, rate=10_000.0).stamped(0.030) == pytest.approx(0.27)  # without the end time: the law
+
+
+def test_a_clock_that_goes_back_forgets_the_earlier_stamps() -> None:
+    p = pace(0.1, rate=10_000.0)
+    assert p.stamped(0.05, T0 + timedelta(seconds=10)) == pytest.approx(0.45)
+    assert p.stamped(0.01, T0 + timedelta(seconds=5)) == pytest.approx(0.09)

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from threadloom.domain.errors import StoreUnavailable
+from threadloom.domain.errors import StoreUnavailable, ValidationError
 from threadloom.domain.values import ClaimRequest
 from threadloom.persistence.memory import InMemoryCheckpointer
 from threadloom.persistence.metrics import MeteredCheckpointer
@@ -34,6 +34,82 @@ def test_write_pressure_records_slow_calls_and_busy_errors() -> None:
     calm = WritePressure()
     calm.record(0.0, ValueError("not a store failure"))
     assert not calm.pressed()
+
+
+class FakeClock:
+    """Seconds passed in by the test (the relative signal's clock)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def one_second(pressure: WritePressure, clock: FakeClock, durations: list[float]) -> None:
+    """Write calls of ``durations`` seconds spread over one second of the passed clock, which ends a second later."""
+    began = clock.now
+    for index, seconds in enumerate(durations):
+        clock.now = began + 0.9 * index / len(durations)
+        pressure.record(seconds)
+    clock.now = began + 1.0
+
+
+def test_relative_signal_presses_when_a_second_is_slower_than_the_baseline() -> None:
+    clock = FakeClock()
+    pressure = WritePressure(timedelta(seconds=10), ratio=1.5, clock=clock)
+    for _ in range(6):  # calm seconds: 2 ms calls, well under the fixed threshold
+        one_second(pressure, clock, [0.002] * 20)
+        assert not pressure.pressed()
+    assert pressure.baseline == pytest.approx(0.002)
+    one_second(pressure, clock, [0.0025] * 20)  # 1.25x: within the ratio
+    assert not pressure.pressed()
+    one_second(pressure, clock, [0.004] * 20)  # 2x the baseline, still far under the fixed threshold
+    assert pressure.pressed() and pressure.last_p90 == pytest.approx(0.004)
+    clock.now += 1.5  # a second with no calls: the press is older than the window
+    assert not pressure.pressed()
+    assert pressure.baseline is not None and pressure.baseline <= 0.002 * 1.5 * 1.01  # moved up little
+
+
+def test_relative_signal_ignores_sparse_seconds_the_floor_and_the_warmup() -> None:
+    clock = FakeClock()
+    pressure = WritePressure(timedelta(seconds=10), clock=clock)
+    one_second(pressure, clock, [0.002] * 20)
+    one_second(pressure, clock, [0.1] * 20)  # within the warm-up: sets no press
+    assert not pressure.pressed()
+    micro = WritePressure(timedelta(seconds=10), clock=clock)
+    for _ in range(5):
+        one_second(micro, clock, [0.00001] * 20)
+    one_second(micro, clock, [0.0005] * 20)  # 50x, but under the 1 ms floor: a store waiting on nothing
+    assert not micro.pressed()
+    sparse = WritePressure(timedelta(seconds=10), clock=clock)
+    for _ in range(5):
+        one_second(sparse, clock, [0.002] * 20)
+    one_second(sparse, clock, [0.05] * 3)  # too few calls to judge a second
+    assert not sparse.pressed()
+    off = WritePressure(timedelta(seconds=10), ratio=None, clock=clock)
+    for _ in range(5):
+        one_second(off, clock, [0.002] * 20)
+    one_second(off, clock, [0.05] * 20)
+    assert not off.pressed() and off.baseline is None
+
+
+def test_a_lasting_slower_load_becomes_the_baseline() -> None:
+    clock = FakeClock()
+    pressure = WritePressure(timedelta(seconds=10), clock=clock)
+    for _ in range(5):
+        one_second(pressure, clock, [0.002] * 20)
+    pressed = []
+    for _ in range(120):  # the load doubles for good
+        one_second(pressure, clock, [0.004] * 20)
+        pressed.append(pressure.pressed())
+    assert pressed[0] and not any(pressed[-30:])
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, True, "2", float("inf")])
+def test_press_ratio_out_of_range_names_the_field(ratio: object) -> None:
+    with pytest.raises(ValidationError, match="press_ratio"):
+        WritePressure(ratio=ratio)  # type: ignore[arg-type]
 
 
 def test_bulkhead_refuses_past_its_limit_and_presses() -> None:
