@@ -18,8 +18,8 @@ _EXPORTS: dict[str, str] = {
     # values, errors and clocks (domain)
     **dict.fromkeys(
         (
-            "BusyHolder", "Checkpoint", "CheckpointOrigin", "CheckpointStatus", "ClaimRequest", "Commit",
-            "EffectRecord", "EventDraft", "EventRecord", "PendingWrite", "RetentionPolicy", "RunClaim",
+            "BusyHolder", "Checkpoint", "CheckpointOrigin", "CheckpointPage", "CheckpointStatus", "ClaimRequest",
+            "Commit", "EffectRecord", "EventDraft", "EventRecord", "PendingWrite", "RetentionPolicy", "RunClaim",
             "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy", "TenantCount", "TenantPage", "ThreadCursor",
             "ThreadPage", "ThreadQuery", "ThreadStatus", "ThreadSummary",
         ),
@@ -149,6 +149,7 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         BusyHolder,
         Checkpoint,
         CheckpointOrigin,
+        CheckpointPage,
         CheckpointStatus,
         ClaimRequest,
         Commit,

@@ -27,6 +27,7 @@ from threadloom.domain.values import (
     BusyHolder,
     Checkpoint,
     CheckpointOrigin,
+    CheckpointPage,
     CheckpointStatus,
     ClaimRequest,
     Commit,
@@ -49,7 +50,8 @@ from threadloom.domain.values import (
 
 __all__ = [
     "BusyHolder", "CancelledError", "Checkpoint", "CheckpointConflict", "CheckpointNotFound", "CheckpointOrigin",
-    "CheckpointStatus", "ClaimRequest", "Clock", "Commit", "EffectRecord", "EventDraft", "EventRecord",
+    "CheckpointPage", "CheckpointStatus", "ClaimRequest", "Clock", "Commit", "EffectRecord", "EventDraft",
+    "EventRecord",
     "InvalidCommit", "ManualClock", "OutcomeUnknown", "PendingWrite", "ProcessingError", "StoreClosed", "StoreCorrupt",
     "StoreUnavailable", "ReplayUnavailable",
     "RetentionPolicy", "RunClaim", "StaleClaim", "StoredCheckpoint", "SweepGuard", "SweepPage", "SweepPolicy",

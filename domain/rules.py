@@ -25,6 +25,12 @@ DELETING_KEY = "threadloom.deleting"
 MAX_PAGE = 1000
 """Largest ``limit`` of ``history``, ``children`` and ``incomplete`` (as ``ThreadQuery.MAX_LIMIT``)."""
 
+MAX_SCAN = 1000
+"""Most checkpoints one ``search_history`` call examines (its ``scan`` window, and its default)."""
+
+MAX_FILTER_KEYS = 64
+"""Most keys of a ``search_history`` metadata filter."""
+
 MAX_EVENTS_PAGE = 10_000
 """Largest ``limit`` of ``events_after`` and ``await_events_after``."""
 

@@ -380,6 +380,28 @@ class StoredCheckpoint:
 
 
 @attrs.frozen(kw_only=True)
+class CheckpointPage:
+    """A page of ``search_history``: matching checkpoints newest first, and the ``before`` of the next page.
+
+    ``next`` is None once the history holds nothing older than what this page examined; otherwise pass it as
+    ``before`` to go on (a page may hold fewer than ``limit`` checkpoints, none at all, and still name a next).
+    """
+
+    items: tuple[Checkpoint, ...] = ()
+    next: str | None = None
+
+    @classmethod
+    def of(cls, rows: list[Checkpoint], limit: int, floor: str | None) -> CheckpointPage:
+        """The page of the first ``limit`` of ``rows`` (the matches, read one past ``limit`` to know whether more
+        follow) from a window whose oldest checkpoint is ``floor`` (None: the window reached the history's start).
+        """
+        items = tuple(rows[:limit])
+        if len(rows) > limit:
+            return cls(items=items, next=items[-1].id)
+        return cls(items=items, next=floor)
+
+
+@attrs.frozen(kw_only=True)
 class ClaimRequest:
     """A request to claim a thread for ``holder`` (a RunId) for ``ttl``, recording ``tenant_id``."""
 

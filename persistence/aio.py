@@ -13,7 +13,7 @@ import asyncio
 import functools
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from threadloom.domain.access import Member, TenantExportPage
 from threadloom.domain.errors import CancelledError, StoreClosed, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     ClaimRequest,
     Commit,
     EffectRecord,
@@ -199,6 +200,14 @@ class AsyncStore:
 
     async def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
         return await self._run(self._store.history, thread_id, limit=limit, before=before)
+
+    async def search_history(
+        self, thread_id: str, *, metadata: Mapping[str, str], limit: int, before: str | None = None,
+        scan: int = rules.MAX_SCAN,
+    ) -> CheckpointPage:
+        return await self._run(
+            self._store.search_history, thread_id, metadata=metadata, limit=limit, before=before, scan=scan
+        )
 
     async def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
         return await self._run(self._store.children, parent, limit=limit, after=after)

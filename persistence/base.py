@@ -26,6 +26,7 @@ from threadloom.domain.access import AccessSchemas
 from threadloom.domain.errors import CancelledError, ProcessingError, StoreClosed, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     ClaimRequest,
     Commit,
     EffectRecord,
@@ -75,6 +76,19 @@ def check_max_json_size(value: Any) -> int:
     return v.check_int("max_json_size", value, low=1, high=MAX_MAX_JSON_SIZE)
 
 
+def check_metadata_filter(value: Any) -> dict[str, str]:
+    """Validates ``search_history``'s ``metadata``: a mapping of str to str (no NUL, no surrogates), at most
+    :data:`~threadloom.domain.rules.MAX_FILTER_KEYS` keys; returns a fresh copy.
+
+    Raises:
+        ValidationError: naming ``metadata``.
+    """
+    wanted = v.check_str_map("metadata", value)
+    if len(wanted) > rules.MAX_FILTER_KEYS:
+        raise ValidationError("metadata", (f"must hold at most {rules.MAX_FILTER_KEYS} keys, got {len(wanted)}",))
+    return wanted
+
+
 def check_commit(
     thread_id: str, commit: Any, max_json_size: int | None = None, access: AccessSchemas | None = None
 ) -> EncodedCommit:
@@ -91,7 +105,8 @@ def check_commit(
 
 
 OPERATIONS: tuple[str, ...] = (
-    "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "children",
+    "claim", "renew", "release", "current_claim", "commit", "latest", "checkpoint", "history", "search_history",
+    "children",
     "events_after", "await_events_after", "compact_events", "delete_thread", "effect", "lookup_run", "prune", "sweep",
     "threads", "incomplete", "tenants", *ACCESS_OPERATIONS,
 )
@@ -249,6 +264,26 @@ class Checkpointer(AccessContract):
         Page by passing the last id of each page as ``before``.
 
         Raises:
+            CheckpointNotFound: ``before`` is not in the history.
+        """
+
+    @abc.abstractmethod
+    def search_history(
+        self, thread_id: str, *, metadata: Mapping[str, str], limit: int, before: str | None = None,
+        scan: int = rules.MAX_SCAN,
+    ) -> CheckpointPage:
+        """The thread's checkpoints whose metadata holds every key of ``metadata`` with exactly its value.
+
+        Examines at most ``scan`` (1..1000) checkpoints, newest first, after ``before`` when given, and returns
+        up to ``limit`` (1..1000) of those that match, newest first, with the ``before`` of the next page
+        (``CheckpointPage.next``; None once nothing older is left). A key matches only a checkpoint whose
+        ``Checkpoint.metadata`` holds it (values compare as exact strings); an empty ``metadata`` matches every
+        checkpoint. One call reads one snapshot, through the history's index: its cost grows with ``scan``,
+        never with the history's length (README "LangGraph" pages through it).
+
+        Raises:
+            ValidationError: ``metadata`` is not a mapping of str to str (no NUL, no surrogates) of at most 64
+                keys; ``limit`` or ``scan`` out of range.
             CheckpointNotFound: ``before`` is not in the history.
         """
 
@@ -556,6 +591,22 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("history", thread_id, started)
 
+    def search_history(
+        self, thread_id: str, *, metadata: Mapping[str, str], limit: int, before: str | None = None,
+        scan: int = rules.MAX_SCAN,
+    ) -> CheckpointPage:
+        v.check_id("thread_id", thread_id)
+        wanted = check_metadata_filter(metadata)
+        v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
+        v.check_optional_id("before", before)
+        v.check_int("scan", scan, low=1, high=rules.MAX_SCAN)
+        started = self._begin("search_history")
+        try:
+            return self._search_history(thread_id, wanted, limit, before, scan)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("search_history", thread_id, started)
+
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
         v.check_id("parent", parent)
         v.check_int("limit", limit, high=rules.MAX_PAGE)
@@ -772,6 +823,11 @@ class StoreBase(SlowCalls, AccessStore, Checkpointer):
 
     @abc.abstractmethod
     def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]: ...
+
+    @abc.abstractmethod
+    def _search_history(
+        self, thread_id: str, metadata: dict[str, str], limit: int, before: str | None, scan: int
+    ) -> CheckpointPage: ...
 
     @abc.abstractmethod
     def _children(self, parent: str, limit: int, after: str | None) -> list[str]: ...

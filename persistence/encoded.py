@@ -66,6 +66,8 @@ class EncodedCheckpoint:
     """The parent thread of a child's origin (the ``children`` index), or None."""
     text: str
     """The whole checkpoint as JSON, ``fencing_token`` set to the commit's token."""
+    metadata: str = "{}"
+    """The checkpoint's ``metadata`` as a JSON object (``{}`` when empty): the column ``search_history`` reads."""
 
 
 @attrs.frozen(slots=True)
@@ -190,6 +192,7 @@ def encode_checkpoint(cp: Checkpoint, token: int | None, limit: int | None = Non
         graph_id=cp.graph_id,
         origin_parent=None if origin is None else origin.parent_thread,
         text=text,
+        metadata=metadata,
     )
 
 

@@ -15,11 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from threadloom.domain import rules
 from threadloom.domain.access import NO_ACCESS, AccessSchemas, Member, TenantExportPage
 from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     ClaimRequest,
     Commit,
     EffectRecord,
@@ -152,6 +154,14 @@ class ForwardingCheckpointer(Checkpointer):
 
     def history(self, thread_id: str, *, limit: int, before: str | None = None) -> list[Checkpoint]:
         return self._forward("history", thread_id, limit=limit, before=before)
+
+    def search_history(
+        self, thread_id: str, *, metadata: Mapping[str, str], limit: int, before: str | None = None,
+        scan: int = rules.MAX_SCAN,
+    ) -> CheckpointPage:
+        return self._forward(
+            "search_history", thread_id, metadata=metadata, limit=limit, before=before, scan=scan
+        )
 
     def children(self, parent: str, *, limit: int, after: str | None = None) -> list[str]:
         return self._forward("children", parent, limit=limit, after=after)

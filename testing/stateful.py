@@ -80,8 +80,11 @@ KEYS = ("k0", "k1", "k2")
 GRAPHS = ("g0", "g1")
 TICK = timedelta(seconds=1)
 READS = (
-    "checkpoint", "history", "children", "events", "effect", "lookup_run", "threads", "incomplete", "tenants",
+    "checkpoint", "history", "search_history", "children", "events", "effect", "lookup_run", "threads", "incomplete",
+    "tenants",
 )
+CP_METADATA: tuple[dict[str, str], ...] = ({}, {"kind": "x"}, {"kind": "y", "n": "1"}, {"n": "1"})
+"""The metadata a committed checkpoint carries (``search_history`` filters by it)."""
 FULL_EVERY = 4
 """Every how many steps the machine compares everything (effects, registries, children), not only the logs."""
 BOGUS = 999_999_999
@@ -383,7 +386,7 @@ def make_state_machine(
                     graph_id=data.draw(GRAPH, label="graph"),
                     tenant_id=data.draw(TENANT, label="cp tenant"),
                     origin=origin,
-                    metadata=pick(data, [{}, {"kind": "x"}], "cp metadata"),
+                    metadata=pick(data, CP_METADATA, "cp metadata"),
                 )
             resulting = cp.id if cp is not None else latest
             writes = []
@@ -576,6 +579,17 @@ def make_state_machine(
             limit = 1 + pick(data, range(4), "limit")
             before = pick(data, [None, "nope", *self.checkpoint_ids], "before")
             self.both("history", lambda s, _tok: s.history(thread_id, limit=limit, before=before))
+
+        def read_search_history(self, data: st.DataObject) -> None:
+            thread_id = data.draw(THREAD, label="thread")
+            metadata = pick(data, [*CP_METADATA, {"kind": "z"}], "filter")
+            limit = 1 + pick(data, range(3), "limit")
+            scan = 1 + pick(data, range(4), "scan")
+            before = pick(data, [None, "nope", *self.checkpoint_ids], "before")
+            self.both(
+                "search_history",
+                lambda s, _tok: s.search_history(thread_id, metadata=metadata, limit=limit, before=before, scan=scan),
+            )
 
         def read_children(self, data: st.DataObject) -> None:
             parent = pick(data, PARENTS, "parent")

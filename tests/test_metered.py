@@ -171,6 +171,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
     assert store.latest("t").checkpoint.id == "c2"
     assert store.checkpoint("t", "c1").id == "c1"
     assert [c.id for c in store.history("t", limit=10)] == ["c2", "c1"]
+    assert store.search_history("t", metadata={}, limit=1).next == "c2"
     assert store.children("t", limit=10) == []
     assert [e.seq for e in store.events_after("t", 0, 10)] == [1, 2, 3]
     assert [e.seq for e in store.await_events_after("t", 1, 10, timedelta(seconds=0))] == [2, 3]
@@ -201,7 +202,7 @@ def test_every_operation_delegates_and_is_counted_with_its_latency(store: Metere
     s = snap(store)
     expected = {
         "claim": 2, "renew": 1, "release": 1, "current_claim": 1, "commit": 2, "latest": 2, "checkpoint": 1, "history": 2,
-        "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
+        "search_history": 1, "children": 1, "events_after": 1, "await_events_after": 1, "compact_events": 1, "delete_thread": 1,
         "effect": 1, "lookup_run": 1, "prune": 1, "sweep": 1, "threads": 1, "incomplete": 2,
         "tenants": 1,
         "stamp_thread": 1, "graph_threads": 1, "token_high_water": 1, "heartbeat": 1, "members": 1,

@@ -350,8 +350,9 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
     # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
-    # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only
-    assert versions == [(1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)]
+    # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only; 9: reserved; 10: checkpoint
+    # metadata in a column
+    assert versions == [(version,) for version in range(1, 11)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -387,7 +388,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     assert sorted(files) == [
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
         "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
-        "0008_stamped_tenant_indexes.sql",
+        "0008_stamped_tenant_indexes.sql", "0009_reserved.sql", "0010_checkpoint_metadata.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
@@ -411,10 +412,14 @@ REPLACED_FORMS = {
         "text[], text, text[], text[], text[], jsonb) RETURNS void"
     ],
     6: ["tl_q_release(bigint, bigint, bigint) RETURNS integer"],
+    10: [
+        "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
+        "text[], text[], text[], text[], jsonb, text, text, jsonb) RETURNS void"
+    ],
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 8])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:
@@ -486,7 +491,8 @@ def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: Pg
             f"""CREATE OR REPLACE FUNCTION "{harness.schema}".tl_commit(
                     p_thread text, p_token bigint, p_fence text, p_fence_token bigint, p_cp_id text, p_cp_parent text,
                     p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text, p_cp_origin text,
-                    p_cp_body text, p_retract boolean, p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[],
+                    p_cp_body text, p_cp_metadata jsonb, p_retract boolean, p_pw_cps text[], p_pw_bodies text[],
+                    p_ev_bodies text[],
                     p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, p_access_schema text,
                     p_access_tenant text, p_access_attrs jsonb, OUT first_seq bigint,
                     OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
@@ -1027,3 +1033,26 @@ def test_check_passes_on_a_sound_schema_and_finds_planted_damage(harness: PgHarn
 
     result = CliRunner().invoke(cli, ["--store", _with_query(harness.dsn, f"schema={s}"), "--json", "check"])
     assert result.exit_code == EXIT_FAILED and not json.loads(result.stdout)["ok"]
+
+
+# -- checkpoint metadata column (migration 10) -----------------------------------------------------------------------
+
+
+def test_search_history_reads_the_metadata_of_rows_written_before_version_10(harness: PgHarness) -> None:
+    store = harness.open()
+    token = claim(store, "t").token
+    parent = None
+    for index, metadata in enumerate([{"k": "a"}, {"k": "b"}, {}, {"k": "a", "j": "x"}]):
+        store.commit("t", Commit(token=token, checkpoint=checkpoint("t", f"c{index}", parent, metadata=metadata)))
+        parent = f"c{index}"
+    s = f'"{harness.schema}"'
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT id, metadata FROM {s}.checkpoints ORDER BY pos").fetchall() == [
+            ("c0", {"k": "a"}), ("c1", {"k": "b"}), ("c2", {}), ("c3", {"k": "a", "j": "x"})
+        ]  # fmt: skip
+        # as a schema migrated from version 9 holds them: no column value, the metadata in the body only
+        conn.execute(f"UPDATE {s}.checkpoints SET metadata = NULL WHERE id IN ('c0', 'c2', 'c3')")
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "a"}, limit=10).items] == ["c3", "c0"]
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "a", "j": "x"}, limit=10).items] == ["c3"]
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "b"}, limit=10).items] == ["c1"]
+    assert len(store.search_history("t", metadata={}, limit=10).items) == 4

@@ -7,6 +7,7 @@ look at the file through a raw sqlite3 connection, damage it, lock it, open bad 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pathlib
 import re
@@ -615,7 +616,7 @@ def test_eight_threads_commit_through_two_stores_with_contiguous_numbers(path: s
 _ALLOWED_PLAN = re.compile(
     r"^(SEARCH (?!.*\bUSING (TEMP|AUTOMATIC))"
     r"|COMPOUND QUERY|LEFT-MOST SUBQUERY|UNION ALL|CO-ROUTINE|SCAN \(subquery-\d+\)|SCAN CONSTANT ROW"
-    r"|(CORRELATED )?SCALAR SUBQUERY|LIST SUBQUERY|SCAN (j|json_each) VIRTUAL TABLE)"
+    r"|(CORRELATED )?SCALAR SUBQUERY|LIST SUBQUERY|SCAN (j|f|m|json_each) VIRTUAL TABLE)"
 )
 
 
@@ -653,6 +654,8 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
     expected = {
         "HISTORY": "USING PRIMARY KEY (thread_id=?)",
         "HISTORY_BEFORE": "USING PRIMARY KEY (thread_id=? AND position<?)",
+        "SEARCH_FLOOR": "USING PRIMARY KEY (thread_id=? AND position<?)",
+        "SEARCH_HISTORY": "USING PRIMARY KEY (thread_id=? AND position>? AND position<?)",
         "LATEST": "USING PRIMARY KEY (thread_id=?)",
         "CHECKPOINT": "checkpoints_id (thread_id=? AND id=?)",
         "LOOKUP_RUN": "checkpoints_run (thread_id=? AND run_id=?)",
@@ -689,6 +692,10 @@ def test_reads_of_a_long_history_cost_what_they_cost_on_a_short_one(store: Sqlit
         "checkpoint": lambda t, th: store.checkpoint(t, f"{t}-c{th.count - 120}"),
         "history": lambda t, th: store.history(t, limit=100),
         "history before": lambda t, th: store.history(t, limit=20, before=f"{t}-c{th.count - 100}"),
+        "search_history matching nothing": lambda t, th: store.search_history(t, metadata={"no": "x"}, limit=10, scan=100),
+        "search_history before": lambda t, th: store.search_history(
+            t, metadata={}, limit=10, before=f"{t}-c{th.count - 100}", scan=100
+        ),
         "lookup_run": lambda t, th: store.lookup_run(t, ["run-3", "run-5", "nobody"]),
         "events_after": lambda t, th: store.events_after(t, th.count - 100, 100),
         "effect": lambda t, th: store.effect(t, "k100"),
@@ -893,3 +900,29 @@ def test_the_tenant_indexes_hold_stamped_rows_only_and_a_graph_change_still_move
         assert [entry.thread_id for entry in store.export_tenant(None, limit=10).threads] == ["t"]
     stamped = raw(path).execute("SELECT count(*) FROM events WHERE access_tenant IS NOT NULL").fetchone()
     assert stamped == (0,)
+
+
+# -- checkpoint metadata column (migration 7) ------------------------------------------------------------------------
+
+
+def test_search_history_reads_the_metadata_of_rows_written_before_migration_7(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    token = store.claim("t", ClaimRequest(holder="r", ttl=LONG)).token
+    parent = None
+    for index, metadata in enumerate([{"k": "a"}, {"k": "b"}, {}, {"k": "a", "j": "x"}]):
+        cp = Checkpoint(id=f"c{index}", parent=parent, thread_id="t", run_id="r", status=CheckpointStatus.RUNNING,
+                        created_at=clock.now(), metadata=metadata)  # fmt: skip
+        store.commit("t", Commit(token=token, checkpoint=cp))
+        parent = cp.id
+    conn = raw(path)
+    columns = conn.execute("SELECT id, metadata FROM checkpoints ORDER BY position").fetchall()
+    assert [(cp_id, json.loads(text)) for cp_id, text in columns] == [
+        ("c0", {"k": "a"}), ("c1", {"k": "b"}), ("c2", {}), ("c3", {"k": "a", "j": "x"})
+    ]  # fmt: skip
+    with conn:  # as a file migrated from version 6 holds them: no column value, the metadata in the body only
+        conn.execute("UPDATE checkpoints SET metadata = NULL WHERE id IN ('c0', 'c2', 'c3')")
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "a"}, limit=10).items] == ["c3", "c0"]
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "a", "j": "x"}, limit=10).items] == ["c3"]
+    assert [cp.id for cp in store.search_history("t", metadata={"k": "b"}, limit=10).items] == ["c1"]
+    assert len(store.search_history("t", metadata={}, limit=10).items) == 4

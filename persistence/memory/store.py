@@ -6,6 +6,7 @@ decoded on read, so nothing returned aliases stored state. The durable stores ar
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from threadloom.domain.errors import (
 from threadloom.domain.rules import CheckpointRow
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     CheckpointStatus,
     ClaimRequest,
     EffectRecord,
@@ -390,6 +392,28 @@ class InMemoryCheckpointer(StoreBase):
                 end = positions[0]
             page = history[max(0, end - limit) : end]
             return [codec.decode_checkpoint(stored.text, thread_id) for stored in reversed(page)]
+
+    def _search_history(
+        self, thread_id: str, metadata: dict[str, str], limit: int, before: str | None, scan: int
+    ) -> CheckpointPage:
+        wanted = metadata.items()
+        with self._lock:
+            row = self._rows.get(thread_id)
+            history = row.history if row is not None else []
+            end = len(history)
+            if before is not None:
+                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
+                if not positions:
+                    raise CheckpointNotFound(thread_id, before)
+                end = positions[0]
+            start = max(0, end - scan)
+            found: list[Checkpoint] = []
+            for stored in reversed(history[start:end]):
+                if wanted <= json.loads(stored.checkpoint.metadata).items():
+                    found.append(codec.decode_checkpoint(stored.text, thread_id))
+                    if len(found) > limit:
+                        break
+            return CheckpointPage.of(found, limit, history[start].row.id if start > 0 else None)
 
     def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
         with self._lock:

@@ -56,6 +56,7 @@ from threadloom.domain.errors import (
 )
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     ClaimRequest,
     EffectRecord,
     EventRecord,
@@ -104,8 +105,8 @@ _SEQ_ZERO = '{"seq":0,'
 
 _STATEMENTS = (
     "CLAIM", "RENEW", "RELEASE", "CURRENT_CLAIM", "COMMIT", "DELETE", "COMPACT", "PRUNE", "SWEEP", "LATEST",
-    "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT", "LOOKUP_RUN",
-    "SWEEP_PAGE", "TENANTS", "TENANTLESS", *ACCESS_STATEMENTS,
+    "CHECKPOINT", "HISTORY", "HISTORY_BEFORE", "SEARCH_HISTORY", "CHILDREN", "CHILDREN_AFTER", "EVENTS", "EFFECT",
+    "LOOKUP_RUN", "SWEEP_PAGE", "TENANTS", "TENANTLESS", *ACCESS_STATEMENTS,
 )  # fmt: skip
 
 
@@ -401,9 +402,10 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
                 fence_thread,
                 fence_token,
                 *(
-                    (cp.id, cp.parent, cp.run_id, cp.status, cp.tenant_id, cp.graph_id, cp.origin_parent, cp.text)
+                    (cp.id, cp.parent, cp.run_id, cp.status, cp.tenant_id, cp.graph_id, cp.origin_parent, cp.text,
+                     cp.metadata)
                     if cp is not None
-                    else (None,) * 8
+                    else (None,) * 9
                 ),
                 encoded.retract_turn,
                 [write.checkpoint_id for write in encoded.pending_writes],
@@ -464,6 +466,16 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
                 raise CheckpointNotFound(thread_id, before)
             bodies = rows[0][0]
         return [codec.decode_checkpoint(text, thread_id) for text in bodies]
+
+    def _search_history(
+        self, thread_id: str, metadata: dict[str, str], limit: int, before: str | None, scan: int
+    ) -> CheckpointPage:
+        wanted = codec.encode_metadata(metadata) if metadata else "{}"
+        params = (before, thread_id, before, thread_id, scan - 1, thread_id, wanted, limit + 1)
+        found, floor, bodies = self._call("search_history", thread_id, "SEARCH_HISTORY", params, write=False)[0]
+        if not found:
+            raise CheckpointNotFound(thread_id, before or "")
+        return CheckpointPage.of([codec.decode_checkpoint(text, thread_id) for text in bodies], limit, floor)
 
     def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
         if after is None:

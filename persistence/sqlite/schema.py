@@ -139,6 +139,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX threads_tenant",
         "CREATE INDEX threads_tenant ON threads (latest_tenant, thread_id) WHERE latest_graph_id IS NOT NULL",
     ),
+    # 7: each checkpoint's metadata (a JSON object) in a column of its own, which search_history reads instead
+    # of the whole body. Rows written before are NULL: search_history reads their metadata from the body.
+    ("ALTER TABLE checkpoints ADD COLUMN metadata TEXT",),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
@@ -195,9 +198,9 @@ CUT_HISTORY = "DELETE FROM checkpoints WHERE thread_id = ? AND position > ?"
 # The insert is also the duplicate check of commit rule 3: the (thread_id, id) unique index refuses an id the
 # history holds, and the caller reads a rowcount of 0 as "already in the history".
 INSERT_CHECKPOINT = (
-    "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body,"
+    "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body, metadata,"
     " access_schema, access_tenant, access_attrs)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
 )
 DROP_PENDING = "DELETE FROM pending WHERE thread_id = ?"
 # A new checkpoint's pending writes take the old latest's places 0, 1, ... in place (an update of the row, not a
@@ -246,6 +249,20 @@ LATEST = (
 )
 CHECKPOINT = "SELECT body FROM checkpoints WHERE thread_id = ? AND id = ?"
 POSITION_OF = "SELECT position FROM checkpoints WHERE thread_id = ? AND id = ?"
+# search_history reads its window's lower edge first: the oldest (?3: the window's size less one) of the
+# checkpoints below position ?2, and whether one older follows.
+SEARCH_FLOOR = (
+    "SELECT position, id FROM checkpoints WHERE thread_id = ? AND position < ? ORDER BY position DESC LIMIT 2 OFFSET ?"
+)
+# Then the window's matches, newest first (at most ?4): each holds every key of the filter ?3 (a JSON object of
+# strings) with the same string. A row written before migration 7 has no metadata column: its body's is read.
+SEARCH_HISTORY = (
+    "SELECT c.body FROM checkpoints AS c WHERE c.thread_id = ?1 AND c.position < ?2 AND c.position >= ?5"
+    " AND NOT EXISTS (SELECT 1 FROM json_each(?3) AS f WHERE NOT EXISTS ("
+    "SELECT 1 FROM json_each(coalesce(c.metadata, json_extract(c.body, '$.metadata'))) AS m"
+    " WHERE m.key = f.key AND m.value = f.value))"
+    " ORDER BY c.position DESC LIMIT ?4"
+)
 HISTORY = "SELECT body FROM checkpoints WHERE thread_id = ? ORDER BY position DESC LIMIT ?"
 HISTORY_BEFORE = (
     "SELECT body FROM checkpoints WHERE thread_id = ? AND position < ? ORDER BY position DESC LIMIT ?"

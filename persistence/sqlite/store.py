@@ -41,6 +41,7 @@ from threadloom.domain.clock import Clock, from_micros, to_micros
 from threadloom.domain.errors import CancelledError, CheckpointNotFound, StoreCorrupt, ThreadBusy, ValidationError
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointPage,
     CheckpointStatus,
     ClaimRequest,
     EffectRecord,
@@ -84,6 +85,7 @@ _Row = tuple[Any, ...]
 CANCEL_CHECK_S = 0.02  # how often a blocking wait with a cancel event looks at it
 _NO_THREAD: _Row = (None,) * 17  # COMMIT_READ's columns of a thread the file does not hold
 _UNSTAMPED = (None, None, None)
+_NO_POSITION = 2**63 - 1  # above every position: search_history without ``before`` reads from the latest down
 
 
 def _check_path(path: Any) -> str:
@@ -551,7 +553,7 @@ class SqliteCheckpointer(StoreBase):
         assert cp is not None
         return conn.execute(
             sql.INSERT_CHECKPOINT,
-            (thread_id, position, cp.id, cp.run_id, 1 if cp.settled else 0, now_us, seq_mark, cp.text,
+            (thread_id, position, cp.id, cp.run_id, 1 if cp.settled else 0, now_us, seq_mark, cp.text, cp.metadata,
              *(commit.stamp or _UNSTAMPED)),
         ).rowcount == 1
 
@@ -584,6 +586,30 @@ class SqliteCheckpointer(StoreBase):
         if found is None:
             raise CheckpointNotFound(thread_id, before)
         return conn.execute(sql.HISTORY_BEFORE, (thread_id, found[0], limit)).fetchall()
+
+    def _search_history(
+        self, thread_id: str, metadata: dict[str, str], limit: int, before: str | None, scan: int
+    ) -> CheckpointPage:
+        wanted = codec.encode_metadata(metadata) if metadata else "{}"
+        rows, floor = self._db.read(
+            "search_history", thread_id, self._search_work, thread_id, wanted, limit, before, scan
+        )
+        return CheckpointPage.of([codec.decode_checkpoint(row[0], thread_id) for row in rows], limit, floor)
+
+    @staticmethod
+    def _search_work(
+        conn: sqlite3.Connection, thread_id: str, wanted: str, limit: int, before: str | None, scan: int
+    ) -> tuple[list[_Row], str | None]:
+        below = _NO_POSITION
+        if before is not None:
+            found = conn.execute(sql.POSITION_OF, (thread_id, before)).fetchone()
+            if found is None:
+                raise CheckpointNotFound(thread_id, before)
+            below = found[0]
+        edge = conn.execute(sql.SEARCH_FLOOR, (thread_id, below, scan - 1)).fetchall()
+        lowest = edge[0][0] if edge else -1
+        rows = conn.execute(sql.SEARCH_HISTORY, (thread_id, below, wanted, limit + 1, lowest)).fetchall()
+        return rows, edge[0][1] if len(edge) == 2 else None
 
     def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
         return self._db.read("children", parent, self._children_work, parent, limit, after, snapshot=after is not None)

@@ -226,6 +226,12 @@ class Writer:
         self.latest = cp_id
         return records
 
+    def tagged(self, cp_id: str, metadata: dict[str, str]) -> None:
+        """Commits checkpoint ``cp_id`` (a child of the latest) whose own ``metadata`` is ``metadata``."""
+        cp = self.checkpoint(cp_id, metadata=metadata)
+        self.store.commit(self.thread_id, Commit(token=self.token, checkpoint=cp))
+        self.latest = cp_id
+
     def emit(self, n: int, *, timestamp: datetime | None = None) -> list[EventRecord]:
         """Commits ``n`` events and nothing else."""
         return self.store.commit(self.thread_id, Commit(token=self.token, events=self.drafts(n, timestamp=timestamp)))
@@ -308,6 +314,7 @@ def valid_call(method: str, harness: StoreHarness, writer: Writer) -> Callable[[
         "latest": lambda s: s.latest(tid),
         "checkpoint": lambda s: s.checkpoint(tid, "c1"),
         "history": lambda s: s.history(tid, limit=10),
+        "search_history": lambda s: s.search_history(tid, metadata={"k": "v"}, limit=10),
         "children": lambda s: s.children(tid, limit=10),
         "events_after": lambda s: s.events_after(tid, 0, 10),
         "await_events_after": lambda s: s.await_events_after(tid, 0, 10, timedelta(milliseconds=10)),
@@ -363,6 +370,11 @@ def bad_input_cases(harness: StoreHarness, writer: Writer) -> list[tuple[str, Ca
         if bad is not None:
             cases += [
                 (f"history before {label}", lambda s, b=bad: s.history(tid, limit=1, before=b), "before"),
+                (
+                    f"search before {label}",
+                    lambda s, b=bad: s.search_history(tid, metadata={}, limit=1, before=b),
+                    "before",
+                ),
                 (f"children after {label}", lambda s, b=bad: s.children(tid, limit=1, after=b), "after"),
                 (f"sweep after {label}", lambda s, b=bad: s.sweep(SweepPolicy(), None, after=b), "after"),
                 (f"incomplete tenant {label}", lambda s, b=bad: s.incomplete(b, limit=1), "tenant_id"),
@@ -380,6 +392,8 @@ def bad_input_cases(harness: StoreHarness, writer: Writer) -> list[tuple[str, Ca
     for label, bad in [("zero", 0), ("too-many", 1001), ("str", "3"), ("none", None), ("bool", True)]:
         cases += [
             (f"history limit {label}", lambda s, b=bad: s.history(tid, limit=b), "limit"),
+            (f"search limit {label}", lambda s, b=bad: s.search_history(tid, metadata={}, limit=b), "limit"),
+            (f"search scan {label}", lambda s, b=bad: s.search_history(tid, metadata={}, limit=1, scan=b), "scan"),
             (f"incomplete limit {label}", lambda s, b=bad: s.incomplete("acme", limit=b), "limit"),
         ]
     for label, bad in [("too-many", 1001), ("str", "3"), ("none", None), ("float", 2.0)]:
@@ -398,6 +412,22 @@ def bad_input_cases(harness: StoreHarness, writer: Writer) -> list[tuple[str, Ca
     cases += [
         ("claim request not a request", lambda s: s.claim(tid, {"holder": "r"}), "request"),
         ("claim request none", lambda s: s.claim(tid, None), "request"),
+        ("search metadata not a mapping", lambda s: s.search_history(tid, metadata=[("k", "v")], limit=1), "metadata"),
+        ("search metadata none", lambda s: s.search_history(tid, metadata=None, limit=1), "metadata"),
+        ("search metadata int value", lambda s: s.search_history(tid, metadata={"k": 1}, limit=1), "metadata['k']"),
+        ("search metadata none value", lambda s: s.search_history(tid, metadata={"k": None}, limit=1), "metadata['k']"),
+        ("search metadata int key", lambda s: s.search_history(tid, metadata={1: "v"}, limit=1), "metadata key"),
+        ("search metadata nul key", lambda s: s.search_history(tid, metadata={"a\x00": "v"}, limit=1), "metadata key"),
+        (
+            "search metadata surrogate value",
+            lambda s: s.search_history(tid, metadata={"k": "\ud800"}, limit=1),
+            "metadata['k']",
+        ),
+        (
+            "search metadata too many keys",
+            lambda s: s.search_history(tid, metadata={f"k{i}": "v" for i in range(65)}, limit=1),
+            "metadata",
+        ),
         ("await timeout negative", lambda s: s.await_events_after(tid, 0, 1, -tick), "timeout"),
         ("await timeout seconds", lambda s: s.await_events_after(tid, 0, 1, 1.0), "timeout"),
         ("await cancel not an event", lambda s: s.await_events_after(tid, 0, 1, timedelta(0), cancel="x"), "cancel"),

@@ -18,7 +18,9 @@ from threadloom.domain.errors import (
 )
 from threadloom.domain.values import (
     CheckpointOrigin,
+    CheckpointPage,
     Commit,
+    RetentionPolicy,
     SweepPolicy,
 )
 from threadloom.persistence.base import Checkpointer
@@ -73,6 +75,108 @@ class ReadsContract:
         Writer(store, harness, "claimed")  # a claim alone holds no checkpoint
         assert store.history("claimed", limit=3) == []
         expect(CheckpointNotFound, lambda: store.history("claimed", limit=3, before="c1"), thread_id="claimed")
+
+    # -- search_history ------------------------------------------------------------------------------
+
+    def test_search_history_matches_every_key_with_the_same_string(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        writer = Writer(store, harness, "t")
+        tagged = {
+            "c1": {"source": "input", "step": "0"},
+            "c2": {"source": "loop", "step": "1"},
+            "c3": {},
+            "c4": {"source": "loop", "step": "2", "user": "ana"},
+            "c5": {"source": "Loop", "step": "3"},
+            "c6": {"source": "loop ", "step": "1.0"},
+            "c7": {"source": "loop", "step": "4", 'odd "key".$[0]': "é \u2028 \"q\""},
+        }
+        for cp_id, metadata in tagged.items():
+            writer.tagged(cp_id, metadata)
+
+        def found(metadata: dict[str, str], **options: Any) -> list[str]:
+            page = store.search_history("t", metadata=metadata, limit=options.pop("limit", 10), **options)
+            assert page.next is None
+            return ids_of(page.items)
+
+        assert found({"source": "loop"}) == ["c7", "c4", "c2"]  # exact strings: "Loop" and "loop " differ
+        assert found({"source": "loop", "step": "1"}) == ["c2"]  # every key: "1.0" is not "1"
+        assert found({"user": "ana"}) == ["c4"]
+        assert found({"user": ""}) == [] and found({"": "ana"}) == []
+        assert found({'odd "key".$[0]': "é \u2028 \"q\""}) == ["c7"]
+        assert found({"source": "loop", "missing": "x"}) == []
+        assert found({}) == [f"c{index}" for index in range(7, 0, -1)]  # an empty filter matches every one
+        assert found({"source": "loop"}, before="c4") == ["c2"]
+        assert found({"source": "loop"}, before="c2") == []
+        page = store.search_history("t", metadata={"source": "loop"}, limit=2)
+        assert ids_of(page.items) == ["c7", "c4"] and page.next == "c4"
+        last = store.search_history("t", metadata={"source": "loop"}, limit=2, before=page.next)
+        assert ids_of(last.items) == ["c2"] and last.next is None
+        assert all(cp.fencing_token == writer.token and cp.thread_id == "t" for cp in page.items)
+        assert page.items[0] == present(store.latest("t")).checkpoint
+        assert page.items[0].metadata == tagged["c7"]
+        assert store.search_history("unknown", metadata={}, limit=3) == CheckpointPage()
+        expect(
+            CheckpointNotFound,
+            lambda: store.search_history("t", metadata={}, limit=3, before="nope"),
+            thread_id="t",
+            checkpoint_id="nope",
+        )
+        Writer(store, harness, "claimed")  # a claim alone holds no checkpoint
+        assert store.search_history("claimed", metadata={"source": "loop"}, limit=3) == CheckpointPage()
+
+    def test_search_history_examines_at_most_scan_checkpoints_per_call(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        writer = Writer(store, harness, "t")
+        for index in range(1, 11):
+            writer.tagged(f"c{index}", {"even": "yes" if index % 2 == 0 else "no", "third": str(index % 3)})
+
+        def page(metadata: dict[str, str], limit: int, scan: int, before: str | None = None) -> tuple[list[str], Any]:
+            found = store.search_history("t", metadata=metadata, limit=limit, before=before, scan=scan)
+            return ids_of(found.items), found.next
+
+        # the window is the ``scan`` checkpoints below ``before``; next names its oldest while older ones remain
+        assert page({"third": "0"}, 10, 3) == (["c9"], "c8")
+        assert page({"third": "0"}, 10, 3, "c8") == (["c6"], "c5")
+        assert page({"third": "0"}, 10, 3, "c5") == (["c3"], "c2")
+        assert page({"third": "0"}, 10, 3, "c2") == ([], None)
+        assert page({"third": "0", "even": "yes"}, 10, 4) == ([], "c7")  # nothing in the window, more below
+        assert page({"even": "yes"}, 1, 4) == (["c10"], "c10")  # limit first: the next page starts below it
+        assert page({"even": "yes"}, 2, 4) == (["c10", "c8"], "c7")
+        assert page({}, 3, 3, "c4") == (["c3", "c2", "c1"], None)  # the window reached the first checkpoint
+        assert page({}, 2, 3, "c4") == (["c3", "c2"], "c2")
+        assert page({}, 5, 1000) == (["c10", "c9", "c8", "c7", "c6"], "c6")
+        for metadata in ({"even": "yes"}, {"third": "1"}, {"even": "no", "third": "2"}, {"none": "x"}, {}):
+            for limit, scan in ((1, 1), (2, 3), (3, 2), (10, 10), (4, 1000)):
+                collected: list[str] = []
+                before: str | None = None
+                calls = 0
+                while True:
+                    items, before = page(metadata, limit, scan, before)
+                    collected += items
+                    calls += 1
+                    if before is None:
+                        break
+                assert calls <= 10 // min(limit, scan) + 2
+                expected = [
+                    f"c{index}" for index in range(10, 0, -1)
+                    if {"even": "yes" if index % 2 == 0 else "no", "third": str(index % 3)}.items() >= metadata.items()
+                ]  # fmt: skip
+                assert collected == expected, (metadata, limit, scan)
+
+    def test_search_history_reads_metadata_through_a_sibling_and_after_a_reopen(
+        self, harness: StoreHarness, store: Checkpointer
+    ) -> None:
+        writer = Writer(store, harness, "t")
+        for cp_id, value in (("c1", "a"), ("c2", "b"), ("c3", "a"), ("c4", "a")):
+            writer.tagged(cp_id, {"k": value, "j": cp_id})
+        store.prune("t", RetentionPolicy(max_checkpoints=3))
+        assert ids_of(harness.sibling().search_history("t", metadata={"k": "a"}, limit=10).items) == ["c4", "c3"]
+        if harness.reopenable:
+            store = harness.reopen(store)
+        page = store.search_history("t", metadata={"k": "a"}, limit=10)
+        assert ids_of(page.items) == ["c4", "c3"] and page.items[1].metadata == {"k": "a", "j": "c3"}
 
     def test_checkpoint_and_latest_reads(self, harness: StoreHarness, store: Checkpointer) -> None:
         assert store.latest("t") is None

@@ -1,4 +1,4 @@
--- commit (version 7: access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint
+-- commit (version 10: the checkpoint's metadata in a column of its own; version 7: access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint
 -- instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
@@ -24,7 +24,7 @@
 CREATE OR REPLACE FUNCTION {s}.tl_commit(
     p_thread text, p_token bigint, p_fence text, p_fence_token bigint,
     p_cp_id text, p_cp_parent text, p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text,
-    p_cp_origin text, p_cp_body text, p_retract boolean,
+    p_cp_origin text, p_cp_body text, p_cp_metadata jsonb, p_retract boolean,
     p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[], p_fx_keys text[], p_fx_bodies text[],
     p_metadata jsonb, p_access_schema text, p_access_tenant text, p_access_attrs jsonb,
     OUT first_seq bigint, OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
@@ -83,9 +83,9 @@ BEGIN
             DELETE FROM {s}.checkpoints WHERE thread_id = p_thread AND pos > coalesce(v_keep, 0);
         END IF;
         v_pos := r.next_pos;
-        INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body,
+        INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body, metadata,
                                      access_schema, access_tenant, access_attrs)
-            VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body,
+            VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body, p_cp_metadata,
                     p_access_schema, p_access_tenant, p_access_attrs);
         IF r.next_pw > 1 THEN
             DELETE FROM {s}.pending_writes WHERE thread_id = p_thread;
