@@ -10,11 +10,13 @@ payload), and a stored value of type ``pickle`` is refused on read.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, writes_sort_key
 
+from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreCorrupt, ValidationError
 from threadloom.domain.values import PendingWrite
@@ -30,6 +32,81 @@ GRAPH_ID = "langgraph"
 
 DELETED_RUN_KEY = "langgraph.deleted-run:"
 """The prefix of the effect record that hides a run's checkpoints (``delete_for_runs``)."""
+
+
+METADATA_PREFIX = "langgraph.meta."
+"""The prefix of the checkpoint metadata keys that hold LangGraph's filterable metadata, one per top-level key."""
+
+MAX_FILTER_KEYS = rules.MAX_FILTER_KEYS
+"""Most keys of a ``list`` filter (the store's bound)."""
+
+
+def filter_text(value: Any) -> str:
+    """The canonical JSON text of a plain JSON value: two values are the same JSON value exactly when their texts
+    are equal (README "LangGraph": objects by keys whatever their order, numbers by value, so ``1`` and ``1.0``
+    are one value and ``true`` is not ``1``; lists in order)."""
+    return json.dumps(_normal(value), ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _normal(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: _normal(item) for key, item in value.items()}
+    return [_normal(item) for item in value]
+
+
+def _plain(value: Any) -> bool:
+    try:
+        v.check_json("metadata", value)
+    except ValidationError:
+        return False
+    return True
+
+
+def filterable(metadata: Any) -> dict[str, str]:
+    """The checkpoint metadata a LangGraph ``metadata`` is filtered by: each top-level key whose value is plain
+    JSON, as :data:`METADATA_PREFIX` + key, holding :func:`filter_text` of the value (other keys are left out:
+    they are not filterable)."""
+    out: dict[str, str] = {}
+    for key, value in metadata.items() if isinstance(metadata, dict) else ():
+        if isinstance(key, str) and _text(key) and _plain(value):
+            out[METADATA_PREFIX + key] = filter_text(value)
+    return out
+
+
+def store_filter(wanted: Any) -> dict[str, str]:
+    """The store's ``search_history`` filter of a LangGraph ``list`` filter (None: no filter).
+
+    Raises:
+        ValidationError: naming ``filter`` (not a mapping, more than 64 keys), ``filter key`` (not a str, or holds
+            NUL or a surrogate) or ``filter[key]`` (a value that is not plain JSON: only such values are stored
+            where the store can compare them).
+    """
+    if wanted is None:
+        return {}
+    if not isinstance(wanted, Mapping):
+        raise ValidationError("filter", (f"must be a mapping of str to JSON values, got {type(wanted).__name__}",))
+    if len(wanted) > MAX_FILTER_KEYS:
+        raise ValidationError("filter", (f"must hold at most {MAX_FILTER_KEYS} keys, got {len(wanted)}",))
+    out: dict[str, str] = {}
+    for key, value in wanted.items():
+        v.check_text("filter key", key)
+        v.check_json(f"filter[{key!r}]", value)
+        out[METADATA_PREFIX + key] = filter_text(value)
+    return out
+
+
+def _text(value: str) -> bool:
+    try:
+        v.check_text("key", value)
+    except ValidationError:
+        return False
+    return True
 
 
 def store_thread(thread_id: Any, checkpoint_ns: Any) -> str:

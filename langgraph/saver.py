@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import attrs
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
@@ -40,6 +41,7 @@ from threadloom.domain.errors import (
 from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
+    CheckpointPage,
     CheckpointStatus,
     ClaimRequest,
     Commit,
@@ -257,7 +259,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 graph_id=m.GRAPH_ID,
                 tenant_id=self.tenant_id,
                 origin=CheckpointOrigin(parent_thread=thread_id) if ns else None,
-                metadata={"langgraph.step": str(step), "langgraph.source": str(full_metadata.get("source"))},
+                metadata=m.filterable(full_metadata),
             )
             early = hold.early.pop(checkpoint_id, [])
             event = EventDraft(
@@ -383,39 +385,115 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None, limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """The namespace's checkpoints, newest first in the store's order, matching ``filter``.
+        """Checkpoints newest first in the store's order, whose metadata matches ``filter``; at most ``limit``.
 
-        ``before`` pages past a checkpoint; ``limit`` stops after that many. ``filter`` keys compare with the
-        checkpoint's metadata; the history is read in pages of at most 100 (a filter matching nothing reads the
-        whole history, page by page). Only the latest checkpoint carries pending writes.
+        ``config`` picks what is listed: with a ``checkpoint_ns``, that namespace of the thread; without one,
+        every namespace of the thread (the root first, then its subgraphs' in the order they first wrote); with a
+        ``checkpoint_id``, that checkpoint only. ``config=None`` lists every LangGraph thread of the saver's tenant,
+        thread by thread, the most recently written first (each thread as without a ``checkpoint_ns``).
+
+        ``before`` (a config whose ``checkpoint_id`` names a checkpoint) lists what is older than it in its
+        namespace (``before``'s ``checkpoint_ns`` when the listing spans namespaces, else the listed one), then
+        the namespaces listed after that one; nothing when it is not there. ``filter`` keeps the checkpoints whose
+        metadata holds every key with the same JSON value (README "LangGraph": ``1`` and ``1.0`` are one value,
+        ``true`` is not ``1``, objects compare whatever their key order, ``None`` matches only a stored ``None``).
+
+        The store answers filter, ``before`` and ``limit`` (``search_history``: each call examines at most 1000
+        checkpoints and reads only those that match), so a filter that matches little costs one store call per
+        1000 checkpoints; a checkpoint of a run removed by :meth:`delete_for_runs` is left out and the listing
+        reads on until ``limit`` visible ones. Only a namespace's latest checkpoint carries pending writes.
 
         Raises:
-            ValidationError: ``config`` names no thread (listing every thread is not offered).
+            ValidationError: ``filter`` is not a mapping of at most 64 str keys to plain JSON values; ``limit``
+                is negative; ``before`` with ``config=None`` or with a config naming a ``checkpoint_id``.
         """
-        if config is None:
-            raise ValidationError("config", ("list needs a config naming a thread_id",))
-        conf = m.configurable(config)
-        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
-        name = m.store_thread(thread_id, ns)
+        wanted = m.store_filter(filter)
         if limit is not None:
             v.check_int("limit", limit, low=0)
-            if limit == 0:
-                return
-        after = m.configurable(before).get("checkpoint_id") if before is not None else None
-        wanted = dict(filter or {})
+        after_id, after_ns = _before(before)
+        only: str | None = None
+        if config is None:
+            if after_id is not None:
+                raise ValidationError("before", ("listing every thread (config None) takes no before; list a thread",))
+            names: Iterator[str] | builtins.list[str] = self._tenant_namespaces()
+        else:
+            conf = m.configurable(config)
+            thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns")
+            only = conf.get("checkpoint_id")
+            if only is not None:
+                v.check_id("checkpoint_id", only)
+                if after_id is not None:
+                    raise ValidationError("before", ("a config naming a checkpoint_id lists that one; drop before",))
+            if ns is None:
+                names = self._namespaces(thread_id, root_first=True)
+                if after_id is not None:  # resume in before's namespace, then the ones after it
+                    start = m.store_thread(thread_id, after_ns or "")
+                    names = names[names.index(start):] if start in names else []
+            else:
+                names = [m.store_thread(thread_id, ns)]
+        if limit == 0:
+            return
+        page = _PAGE if limit is None else min(limit, rules.MAX_PAGE)
         count = 0
-        first: StoredCheckpoint | None = None
-        if after is None:
-            first = self.store.latest(name)
-            if first is None:
+        try:
+            for name in names:
+                for found in self._matching(name, wanted, after_id, only, page):
+                    yield found
+                    count += 1
+                    if limit is not None and count >= limit:
+                        return
+                after_id = None
+        except CheckpointNotFound:
+            return  # before is not there (or the page's last checkpoint was pruned meanwhile): nothing more
+
+    def _tenant_namespaces(self) -> Iterator[str]:
+        """Every namespace of the saver tenant's LangGraph threads, thread by thread, most recently written first."""
+        query = ThreadQuery(tenant_id=self.tenant_id, graph_id=m.GRAPH_ID, limit=ThreadQuery.MAX_LIMIT)
+        while True:
+            threads = self.store.threads(query)
+            for summary in threads.items:
+                yield from self._namespaces(summary.thread_id, root_first=True)
+            if threads.next is None:
                 return
-        for item, writes in self._listing(name, first, after):
-            found = self._tuple(item, writes)
-            if all(found.metadata.get(key) == value for key, value in wanted.items()):
-                yield found
-                count += 1
-                if limit is not None and count >= limit:
-                    return
+            query = attrs.evolve(query, after=threads.next)
+
+    def _matching(
+        self, name: str, wanted: dict[str, str], after: str | None, only: str | None, page: int
+    ) -> Iterator[CheckpointTuple]:
+        """The visible checkpoints of ``name`` matching ``wanted`` (store metadata), newest first, below ``after``
+        (or only checkpoint ``only``), read from the store ``page`` matches at a time."""
+        visible = self._visibility(name)
+        latest = self.store.latest(name) if after is None else None
+        if after is None and latest is None:
+            return
+        if only is not None:
+            found: Checkpoint | None
+            writes: tuple[PendingWrite, ...] = ()
+            if latest is not None and latest.checkpoint.id == only:
+                found, writes = latest.checkpoint, latest.pending_writes
+            else:
+                found = self.store.checkpoint(name, only)
+            if found is not None and visible(found) and wanted.items() <= found.metadata.items():
+                yield self._tuple(found, writes)
+            return
+        cursor = after
+        while True:
+            if wanted:
+                matches = self.store.search_history(name, metadata=wanted, limit=page, before=cursor)
+            else:  # no filter: plain pages of the history
+                items = self.store.history(name, limit=page, before=cursor)
+                matches = CheckpointPage(items=tuple(items), next=items[-1].id if len(items) == page else None)
+            shown = 0
+            for item in matches.items:
+                if visible(item):
+                    own = latest is not None and item.id == latest.checkpoint.id
+                    yield self._tuple(item, latest.pending_writes if own and latest is not None else ())
+                    shown += 1
+            if matches.next is None:
+                return
+            cursor = matches.next
+            if shown < len(matches.items):  # a removed run's checkpoints: read larger pages past them
+                page = min(2 * page, rules.MAX_PAGE)
 
     def _listing(
         self, name: str, first: StoredCheckpoint | None, after: str | None
@@ -480,8 +558,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     # -- thread-wide operations ------------------------------------------------------------------------------------
 
-    def _namespaces(self, thread_id: str) -> builtins.list[str]:
-        """The threadloom threads of LangGraph thread ``thread_id``: its subgraph namespaces, then the root."""
+    def _namespaces(self, thread_id: str, *, root_first: bool = False) -> builtins.list[str]:
+        """The threadloom threads of LangGraph thread ``thread_id``: its subgraph namespaces, then the root (or
+        the root first)."""
         root = m.store_thread(thread_id, "")
         found: builtins.list[str] = []
         after: str | None = None
@@ -491,7 +570,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if len(page) < rules.MAX_PAGE:
                 break
             after = page[-1]
-        return [*found, root]
+        return [root, *found] if root_first else [*found, root]
 
     @contextlib.contextmanager
     def _claimed(self, name: str) -> Iterator[int]:
@@ -683,6 +762,27 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await self._run(functools.partial(self.prune, list(thread_ids), strategy=strategy))
+
+
+def _before(before: Any) -> tuple[str | None, str | None]:
+    """The ``checkpoint_id`` and ``checkpoint_ns`` a ``before`` config names (None, None: no ``before``; a config
+    without a ``checkpoint_id`` is no ``before``, as for LangGraph's in-memory saver).
+
+    Raises:
+        ValidationError: ``before`` is not a config, or names a checkpoint id or namespace that is not one.
+    """
+    if before is None:
+        return None, None
+    conf = before.get("configurable") if isinstance(before, dict) else None
+    if not isinstance(conf, dict):
+        raise ValidationError("before", ('must be a RunnableConfig with configurable["checkpoint_id"]',))
+    checkpoint_id, ns = conf.get("checkpoint_id"), conf.get("checkpoint_ns")
+    if checkpoint_id is None:
+        return None, None
+    v.check_id("before", checkpoint_id)
+    if ns is not None and not isinstance(ns, str):
+        raise ValidationError("before", (f"checkpoint_ns must be a str, got {type(ns).__name__}",))
+    return checkpoint_id, ns
 
 
 def _producer_time(text: Any) -> datetime:

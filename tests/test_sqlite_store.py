@@ -654,8 +654,7 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
     expected = {
         "HISTORY": "USING PRIMARY KEY (thread_id=?)",
         "HISTORY_BEFORE": "USING PRIMARY KEY (thread_id=? AND position<?)",
-        "SEARCH_FLOOR": "USING PRIMARY KEY (thread_id=? AND position<?)",
-        "SEARCH_HISTORY": "USING PRIMARY KEY (thread_id=? AND position>? AND position<?)",
+        "SEARCH_HISTORY": "USING PRIMARY KEY (thread_id=? AND position<?)",
         "LATEST": "USING PRIMARY KEY (thread_id=?)",
         "CHECKPOINT": "checkpoints_id (thread_id=? AND id=?)",
         "LOOKUP_RUN": "checkpoints_run (thread_id=? AND run_id=?)",

@@ -131,18 +131,20 @@ FROM {s}.checkpoints b WHERE b.thread_id = %s AND b.id = %s
 
 # search_history in one statement: the position below which it reads (NULL: ``before`` is not in the history),
 # the oldest checkpoint of its window when one older follows (the window's lower edge: the (scan)th and
-# (scan + 1)th below), and the window's matches, newest first. A match's metadata contains the filter (a JSON
-# object of strings: every key with the same string); a row written before version 10 is matched on its body's.
+# (scan + 1)th positions below, read from the primary key alone), and the window's matches, newest first. A match's
+# metadata contains the filter (a JSON object of strings: every key with the same string); a row written before
+# version 10 is matched on its body's.
 SEARCH_HISTORY = """
 WITH b AS (
     SELECT CASE WHEN %s::text IS NULL THEN 9223372036854775807
                 ELSE (SELECT c.pos FROM {s}.checkpoints c WHERE c.thread_id = %s AND c.id = %s) END AS below
 ), edge AS (
-    SELECT c.pos, c.id FROM {s}.checkpoints c, b
+    SELECT c.pos FROM {s}.checkpoints c, b
     WHERE c.thread_id = %s AND c.pos < b.below ORDER BY c.pos DESC OFFSET %s LIMIT 2
 )
 SELECT b.below IS NOT NULL,
-       CASE WHEN (SELECT count(*) FROM edge) = 2 THEN (SELECT e.id FROM edge e ORDER BY e.pos DESC LIMIT 1) END,
+       (SELECT c.id FROM {s}.checkpoints c
+        WHERE c.thread_id = %s AND c.pos = (SELECT max(e.pos) FROM edge e) AND (SELECT count(*) FROM edge) = 2),
        ARRAY(SELECT c.body FROM {s}.checkpoints c
              WHERE c.thread_id = %s AND c.pos < b.below AND c.pos >= coalesce((SELECT max(e.pos) FROM edge e), -1)
                AND coalesce(c.metadata, c.body::jsonb -> 'metadata') @> %s::jsonb

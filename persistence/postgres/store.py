@@ -471,7 +471,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         self, thread_id: str, metadata: dict[str, str], limit: int, before: str | None, scan: int
     ) -> CheckpointPage:
         wanted = codec.encode_metadata(metadata) if metadata else "{}"
-        params = (before, thread_id, before, thread_id, scan - 1, thread_id, wanted, limit + 1)
+        params = (before, thread_id, before, thread_id, scan - 1, thread_id, thread_id, wanted, limit + 1)
         found, floor, bodies = self._call("search_history", thread_id, "SEARCH_HISTORY", params, write=False)[0]
         if not found:
             raise CheckpointNotFound(thread_id, before or "")

@@ -249,19 +249,15 @@ LATEST = (
 )
 CHECKPOINT = "SELECT body FROM checkpoints WHERE thread_id = ? AND id = ?"
 POSITION_OF = "SELECT position FROM checkpoints WHERE thread_id = ? AND id = ?"
-# search_history reads its window's lower edge first: the oldest (?3: the window's size less one) of the
-# checkpoints below position ?2, and whether one older follows.
-SEARCH_FLOOR = (
-    "SELECT position, id FROM checkpoints WHERE thread_id = ? AND position < ? ORDER BY position DESC LIMIT 2 OFFSET ?"
-)
-# Then the window's matches, newest first (at most ?4): each holds every key of the filter ?3 (a JSON object of
-# strings) with the same string. A row written before migration 7 has no metadata column: its body's is read.
+# search_history: the window's checkpoints below position ?2, newest first (?4: the window's size plus one, to
+# learn whether older ones follow), each with its body when it holds every key of the filter ?3 (a JSON object of
+# strings) with the same string, else NULL. The caller stops reading once it has enough matches. A row written
+# before migration 7 has no metadata column: its body's is read.
 SEARCH_HISTORY = (
-    "SELECT c.body FROM checkpoints AS c WHERE c.thread_id = ?1 AND c.position < ?2 AND c.position >= ?5"
-    " AND NOT EXISTS (SELECT 1 FROM json_each(?3) AS f WHERE NOT EXISTS ("
+    "SELECT c.id, CASE WHEN NOT EXISTS (SELECT 1 FROM json_each(?3) AS f WHERE NOT EXISTS ("
     "SELECT 1 FROM json_each(coalesce(c.metadata, json_extract(c.body, '$.metadata'))) AS m"
-    " WHERE m.key = f.key AND m.value = f.value))"
-    " ORDER BY c.position DESC LIMIT ?4"
+    " WHERE m.key = f.key AND m.value = f.value)) THEN c.body END"
+    " FROM checkpoints AS c WHERE c.thread_id = ?1 AND c.position < ?2 ORDER BY c.position DESC LIMIT ?4"
 )
 HISTORY = "SELECT body FROM checkpoints WHERE thread_id = ? ORDER BY position DESC LIMIT ?"
 HISTORY_BEFORE = (

@@ -594,22 +594,33 @@ class SqliteCheckpointer(StoreBase):
         rows, floor = self._db.read(
             "search_history", thread_id, self._search_work, thread_id, wanted, limit, before, scan
         )
-        return CheckpointPage.of([codec.decode_checkpoint(row[0], thread_id) for row in rows], limit, floor)
+        return CheckpointPage.of([codec.decode_checkpoint(text, thread_id) for text in rows], limit, floor)
 
     @staticmethod
     def _search_work(
         conn: sqlite3.Connection, thread_id: str, wanted: str, limit: int, before: str | None, scan: int
-    ) -> tuple[list[_Row], str | None]:
+    ) -> tuple[list[str], str | None]:
         below = _NO_POSITION
         if before is not None:
             found = conn.execute(sql.POSITION_OF, (thread_id, before)).fetchone()
             if found is None:
                 raise CheckpointNotFound(thread_id, before)
             below = found[0]
-        edge = conn.execute(sql.SEARCH_FLOOR, (thread_id, below, scan - 1)).fetchall()
-        lowest = edge[0][0] if edge else -1
-        rows = conn.execute(sql.SEARCH_HISTORY, (thread_id, below, wanted, limit + 1, lowest)).fetchall()
-        return rows, edge[0][1] if len(edge) == 2 else None
+        bodies: list[str] = []
+        examined: str | None = None
+        rows = conn.execute(sql.SEARCH_HISTORY, (thread_id, below, wanted, scan + 1))
+        try:
+            for index, (cp_id, body) in enumerate(rows):
+                if index == scan:  # one past the window: older checkpoints follow its oldest
+                    return bodies, examined
+                examined = cp_id
+                if body is not None:
+                    bodies.append(body)
+                    if len(bodies) > limit:
+                        break
+        finally:
+            rows.close()
+        return bodies, None
 
     def _children(self, parent: str, limit: int, after: str | None) -> list[str]:
         return self._db.read("children", parent, self._children_work, parent, limit, after, snapshot=after is not None)
