@@ -41,8 +41,8 @@ metric                                      kind       labels          what
 ==========================================  =========  ==============  ===============================================
 
 ``op`` is the store method's name: ``claim``, ``renew``, ``release``, ``commit``, ``latest``, ``checkpoint``,
-``history``, ``children``, ``events_after``, ``await_events_after``, ``compact_events``, ``delete_thread``,
-``effect``, ``lookup_run``, ``prune``, ``sweep``, ``threads``, ``incomplete``, ``tenants``.
+``history``, ``search_history``, ``children``, ``events_after``, ``await_events_after``, ``compact_events``,
+``delete_thread``, ``effect``, ``lookup_run``, ``prune``, ``sweep``, ``threads``, ``incomplete``, ``tenants``.
 
 The store's run queue, ``metered.queue``, is metered too, into the same meter: see
 :mod:`threadloom.persistence.metrics.metered_queue` (``threadloom_queue_calls_total`` and the rest).
