@@ -496,11 +496,13 @@ def test_global_options_are_accepted_after_the_command_name(backend: Backend, st
 # -- tenants, and what threads without --tenant says ----------------------------------------------------------------
 
 
-def _tenant_threads(store: Any) -> None:
-    """acme: 3 root threads and a child; beta: 1; no tenant: 2."""
+def _tenant_threads(store: Any, *, untenanted: bool = True) -> None:
+    """acme: 3 root threads and a child; beta: 1; no tenant: 2 (none with ``untenanted=False``)."""
     for thread, tenant, origin in [("a1", "acme", None), ("a2", "acme", None), ("a3", "acme", None),
                                    ("a1-kid", "acme", "a1"), ("b1", "beta", None), ("n1", None, None),
                                    ("n2", None, None)]:
+        if tenant is None and not untenanted:
+            continue
         claim = store.claim(thread, ClaimRequest(holder=f"run-{thread}", ttl=TTL, tenant_id=tenant))
         store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
             id=f"{thread}:0", parent=None, thread_id=thread, run_id=f"run-{thread}", status=CheckpointStatus.COMPLETED,
@@ -549,6 +551,24 @@ def test_threads_without_tenant_says_what_other_tenants_hold(backend: Backend, s
     scoped = run(backend, "--json", "threads", "--tenant", "acme")
     assert "other_tenants" not in json.loads(scoped.output)
     assert "more root thread" not in run(backend, "threads", "--tenant", "acme").output
+    assert backend.dump() == before
+
+
+def test_stats_without_tenant_on_a_store_whose_threads_all_have_one_says_where_they_are(
+    backend: Backend, store: Any
+) -> None:
+    """Found by a new user: ``stats`` without ``--tenant`` read 0 threads and said nothing more."""
+    _tenant_threads(store, untenanted=False)
+    before = backend.dump()
+    probed = run(backend, "--json", "stats", "--rounds", "1")
+    assert probed.exit_code == 0, probed.output
+    document = json.loads(probed.output)
+    assert document["threads"] == []
+    assert document["other_tenants"]["tenants"] == 2 and document["other_tenants"]["threads"] == 4
+    table = " ".join(run(backend, "stats", "--rounds", "1").output.split())
+    assert "4 more root thread(s) belong to 2 tenant(s)" in table
+    scoped = json.loads(run(backend, "--json", "stats", "--rounds", "1", "--tenant", "acme").output)
+    assert scoped["threads"] and "other_tenants" not in scoped
     assert backend.dump() == before
 
 
