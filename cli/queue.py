@@ -16,7 +16,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from threadloom.cli.output import CliError, CliState, cell, new_table, state_of
+from threadloom.cli.output import CliError, CliState, cell, new_table, printable, state_of
 from threadloom.domain import rules
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import CheckpointStatus
@@ -139,6 +139,9 @@ def queue() -> None:
 def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, limit: int, after: int) -> None:
     """List run-queue entries, oldest first: thread, graph, attempts and their runs, lease, age.
 
+    Below the table, each listed entry that has an error text (a failed or cancelled one) prints it on a line of
+    its own.
+
     Without --tenant it lists every tenant's entries. Ages and lease states are judged by this host's clock
     against the times the store stamped.
     """
@@ -163,6 +166,9 @@ def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, lim
             cell(" ".join(e.run_ids)), cell(lease), cell(age_text(now - e.enqueued_at)),
         )
     state.out.print(table)
+    for e in items:  # below the table, so it still fits 80 columns: an error text is often long
+        if e.error:
+            state.out.print(Text(f"entry {e.entry_id}: {printable(e.error)}"))
     more = f" - more follow: --after {cursor}" if cursor is not None else ""
     state.out.print(Text(f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}{more}", style="dim"))
 

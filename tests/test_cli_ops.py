@@ -164,6 +164,8 @@ def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(ba
     assert listed("--after", str(a.entry_id)) == [b.entry_id, c.entry_id]
     table = run(backend, "queue", "list")
     assert "worker-1" in table.output and "run-a1" in table.output and "3 entries" in table.output
+    assert f"entry {b.entry_id}: boom" in table.output  # a failed entry's error, below the table
+    assert f"entry {a.entry_id}:" not in table.output
     assert backend.dump() == before  # listing reads only
 
 
