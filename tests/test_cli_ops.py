@@ -624,3 +624,28 @@ def test_the_terminal_replay_follows_a_live_redraw_and_reports_a_line_past_the_l
     assert text.split("\n")[:2] == ["x" * 12, "y" * 10] and over == ("x" * 12,)
     erased, over = replay("z" * 11 + "\r\x1b[2Kshort\r\n", 10)
     assert erased == "short\n" and over == ("z" * 11,)  # erased by a redraw, but it was drawn too wide
+
+
+# -- queue enqueue -------------------------------------------------------------------------------------------------
+
+
+def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(backend: Backend, store: Any) -> None:
+    """Found by a new user: the CLI could list, retry and cancel entries but not add one."""
+    added = run(backend, "--json", "queue", "enqueue", "t-new", "--graph", "qa", "--input", '{"n": 1}',
+                "--tenant", "acme")
+    assert added.exit_code == 0, added.output
+    entry = json.loads(added.output)["entry"]
+    assert (entry["thread_id"], entry["graph_id"], entry["tenant_id"], entry["input"]) == ("t-new", "qa", "acme", {"n": 1})
+    assert entry["status"] == "open" and entry["attempts"] == 0
+    stored = store.queue.entry(entry["entry_id"])
+    assert stored is not None and stored.input == {"n": 1} and stored.tenant_id == "acme"
+    later = run(backend, "queue", "enqueue", "t-later", "--graph", "qa", "--delay", "3600")
+    assert later.exit_code == 0 and "enqueued (thread t-later, graph qa)" in " ".join(later.output.split())
+    assert store.queue.lease("w", TTL).entry.thread_id == "t-new"  # the delayed one is not leasable yet
+    assert store.queue.lease("w", TTL) is None
+    before = backend.dump()
+    for bad in (["t", "--graph", "qa", "--input", "{nope"], ["t", "--graph", "qa", "--input", "NaN"],
+                ["", "--graph", "qa"], ["t", "--graph", ""], ["t", "--graph", "qa", "--delay", "-1"], ["t"]):
+        refused = run(backend, "queue", "enqueue", *bad)
+        assert refused.exit_code == EXIT_USAGE, (bad, refused.output)
+    assert backend.dump() == before
