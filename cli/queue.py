@@ -1,6 +1,7 @@
-"""``threadloom queue list|retry|cancel``: see and act on the store's durable run queue.
+"""``threadloom queue list|enqueue|retry|cancel``: see and act on the store's durable run queue.
 
-``list`` only reads. ``retry`` enqueues a new entry with a failed entry's thread, graph, input and tenant.
+``list`` only reads. ``enqueue`` adds an open entry. ``retry`` enqueues a new entry with a failed entry's thread,
+graph, input and tenant.
 ``cancel`` finishes an open entry ``FAILED``, fenced: it leases the entry itself and finishes it with that lease,
 so a worker holding an older lease can renew, record and finish nothing more. Refusals (an unknown entry, an
 entry in the wrong state, a live lease without ``--force``) change nothing and exit with status 1.
@@ -8,6 +9,7 @@ entry in the wrong state, a live lease without ``--force``) change nothing and e
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from datetime import UTC, datetime, timedelta
@@ -16,7 +18,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from threadloom.cli.output import CliError, CliState, cell, new_table, state_of
+from threadloom.cli.output import EXIT_USAGE, CliError, CliState, cell, new_table, printable, state_of
 from threadloom.domain import rules
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import CheckpointStatus
@@ -124,7 +126,7 @@ def _now() -> datetime:
 
 @click.group(name="queue")
 def queue() -> None:
-    """See and act on the run queue: list entries, retry a failed one, cancel an open one."""
+    """See and act on the run queue: list entries, enqueue a run, retry a failed one, cancel an open one."""
 
 
 @queue.command(name="list")
@@ -138,6 +140,9 @@ def queue() -> None:
 @click.pass_context
 def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, limit: int, after: int) -> None:
     """List run-queue entries, oldest first: thread, graph, attempts and their runs, lease, age.
+
+    Below the table, each listed entry that has an error text (a failed or cancelled one) prints it on a line of
+    its own.
 
     Without --tenant it lists every tenant's entries. Ages and lease states are judged by this host's clock
     against the times the store stamped.
@@ -163,6 +168,9 @@ def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, lim
             cell(" ".join(e.run_ids)), cell(lease), cell(age_text(now - e.enqueued_at)),
         )
     state.out.print(table)
+    for e in items:  # below the table, so it still fits 80 columns: an error text is often long
+        if e.error:
+            state.out.print(Text(f"entry {e.entry_id}: {printable(e.error)}"))
     more = f" - more follow: --after {cursor}" if cursor is not None else ""
     state.out.print(Text(f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}{more}", style="dim"))
 
@@ -206,6 +214,42 @@ def retry(ctx: click.Context, entry_id: int) -> None:
         return
     state.out.print(cell(f"entry {entry_id} enqueued again as entry {new.entry_id} (thread {entry.thread_id}, "
                          f"graph {entry.graph_id})"))
+
+
+@queue.command()
+@click.argument("thread_id", metavar="THREAD")
+@click.option("--graph", "graph_id", required=True, metavar="GRAPH_ID",
+              help="The graph kind a worker runs for it (the id 'serve' knows it by).")
+@click.option("--input", "input_text", default="null", show_default=True, metavar="JSON",
+              help="The run's input, a JSON value.")
+@click.option("--tenant", default=None, metavar="TENANT", help="The tenant the run is for.")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
+              help="Not leased before this many seconds from now (by the store's clock).")
+@click.pass_context
+def enqueue(
+    ctx: click.Context, thread_id: str, graph_id: str, input_text: str, tenant: str | None, delay: float
+) -> None:
+    """Add an open entry asking a worker ('threadloom serve') for a run of --graph on THREAD with --input.
+
+    Refused (exit 2, nothing written): input that is not JSON, a bad thread, graph or tenant id. Running the
+    command again after a failure may add a second entry (entries have no idempotency key): check with
+    'queue list' first.
+    """
+    state = state_of(ctx)
+    try:
+        value = json.loads(input_text, parse_constant=_no_constant)
+    except ValueError as error:
+        raise CliError(f"--input is not a JSON value: {error}", EXIT_USAGE, kind="ValidationError") from None
+    q = _queue(state, read_only=False)
+    entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))
+    if state.json_output:
+        state.emit({"entry": entry_json(entry, _now())})
+        return
+    state.out.print(cell(f"entry {entry.entry_id} enqueued (thread {entry.thread_id}, graph {entry.graph_id})"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def cancel_holder() -> str:

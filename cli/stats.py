@@ -150,6 +150,12 @@ def stats(
             break
     snapshot = meter.snapshot()
     rows = operations(snapshot)
+    others = None
+    if tenant is None and not threads and not read and failure is None:
+        # After the meter's snapshot: these calls are not in the table.
+        from threadloom.cli.tenants import other_tenants
+
+        others = other_tenants(store)
     if state.json_output:
         state.emit(
             {
@@ -160,6 +166,7 @@ def stats(
                 "operations": rows,
                 "failure": None if failure is None else scrub(str(failure), state.secrets),
                 "snapshot": snapshot.to_dict(),
+                **({"other_tenants": others.to_json()} if others is not None else {}),
             }
         )
     else:
@@ -180,6 +187,8 @@ def stats(
                 _bound(row["p99_ms"]),
             )
         state.out.print(table)
+        if others is not None and others.threads:
+            state.out.print(Text(others.hint, style="dim"))
         errors = [
             (dict(labels), value) for (name, labels), value in sorted(snapshot.counters.items()) if name == ERRORS
         ]

@@ -11,7 +11,9 @@ Routes:
   stream. Errors before the stream: 400 (bad input), 403 (another tenant's thread),
   404 (unknown graph or route), 409 (the thread is busy, or its state does not allow the run).
 * ``GET /threads/<thread_id>/events`` streams the thread's events from ``Last-Event-ID`` (or ``?after=N``;
-  default 0) until the client goes away; ``?until_run=<run_id>`` ends it after that run's end event.
+  default 0) until the client goes away; ``?until_run=<run_id>`` ends it after that run's end event. A thread
+  that does not exist yet answers 200 and an open stream that stays empty until its first event, so a client may
+  subscribe before it starts the run (no event is missed); a deleted thread ends the stream with an error message.
 
 Each event is one SSE message: ``id`` is the event's ``seq`` (a client reconnects with ``Last-Event-ID`` and misses
 nothing), ``event`` its type, ``data`` the JSON of ``{"seq", "run_id", "type", "payload"}``.

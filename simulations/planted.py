@@ -106,21 +106,7 @@ class PlantedMemoryStore(InMemoryCheckpointer):
         self.between()  # the bug: the write happens later, outside the lock the derivation held
         with self._lock:
             row = self._rows.get(thread_id)
-            if row is None:
-                return 0
-            changed = 0
-            for stored in row.history:
-                changed += stored.stamp != stamp
-                stored.stamp = stamp
-            for event in row.events:
-                changed += event.stamp != stamp
-                event.stamp = stamp
-            changed += sum(old != stamp for old in row.pending_stamps)
-            row.pending_stamps = [stamp] * len(row.pending_stamps)
-            for key in row.effects:
-                changed += row.effect_stamps.get(key) != stamp
-                row.effect_stamps[key] = stamp
-            return changed
+            return 0 if row is None else self._restamp(row, stamp)
 
     def _kept_runs(self, thread_id: str, protected: Mapping[str, frozenset[str]]) -> frozenset[str]:
         if "sweep_unguarded" in self.bugs:

@@ -129,3 +129,24 @@ def test_errors_are_answered_before_any_stream(served):
     assert _post(port, "/threads/" + "x" * 300 + "/runs", {"graph": "echo", "input": {}})[0] == 400  # not an id
     assert _get(port, "/threads/t/events?after=soon")[0] == 400
     assert _post(port, "/nowhere", {})[0] == 404
+
+
+def test_a_stream_of_a_thread_not_yet_started_answers_200_and_gets_the_run_that_starts_after(served):
+    """Found by a new user: an unknown thread answers 200 and an open stream. That is so a client can subscribe
+    before it starts the run; every event of that run then reaches it."""
+    port, _gate, store = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/threads/early/events")
+        response = conn.getresponse()  # the head is written once the subscription exists
+        assert response.status == 200 and store.latest("early") is None
+        status, run = _post(port, "/threads/early/runs", {"graph": "echo", "input": {"text": "a b"}})
+        assert status == 200
+        seen = []
+        for message in _messages(response):
+            seen.append(message)
+            if message["event"] == "threadloom.run_completed":
+                break
+        assert [m["id"] for m in seen] == [m["id"] for m in run] and len(seen) == 4
+    finally:
+        conn.close()

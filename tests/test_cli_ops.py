@@ -164,6 +164,8 @@ def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(ba
     assert listed("--after", str(a.entry_id)) == [b.entry_id, c.entry_id]
     table = run(backend, "queue", "list")
     assert "worker-1" in table.output and "run-a1" in table.output and "3 entries" in table.output
+    assert f"entry {b.entry_id}: boom" in table.output  # a failed entry's error, below the table
+    assert f"entry {a.entry_id}:" not in table.output
     assert backend.dump() == before  # listing reads only
 
 
@@ -496,11 +498,13 @@ def test_global_options_are_accepted_after_the_command_name(backend: Backend, st
 # -- tenants, and what threads without --tenant says ----------------------------------------------------------------
 
 
-def _tenant_threads(store: Any) -> None:
-    """acme: 3 root threads and a child; beta: 1; no tenant: 2."""
+def _tenant_threads(store: Any, *, untenanted: bool = True) -> None:
+    """acme: 3 root threads and a child; beta: 1; no tenant: 2 (none with ``untenanted=False``)."""
     for thread, tenant, origin in [("a1", "acme", None), ("a2", "acme", None), ("a3", "acme", None),
                                    ("a1-kid", "acme", "a1"), ("b1", "beta", None), ("n1", None, None),
                                    ("n2", None, None)]:
+        if tenant is None and not untenanted:
+            continue
         claim = store.claim(thread, ClaimRequest(holder=f"run-{thread}", ttl=TTL, tenant_id=tenant))
         store.commit(thread, Commit(token=claim.token, checkpoint=Checkpoint(
             id=f"{thread}:0", parent=None, thread_id=thread, run_id=f"run-{thread}", status=CheckpointStatus.COMPLETED,
@@ -549,6 +553,24 @@ def test_threads_without_tenant_says_what_other_tenants_hold(backend: Backend, s
     scoped = run(backend, "--json", "threads", "--tenant", "acme")
     assert "other_tenants" not in json.loads(scoped.output)
     assert "more root thread" not in run(backend, "threads", "--tenant", "acme").output
+    assert backend.dump() == before
+
+
+def test_stats_without_tenant_on_a_store_whose_threads_all_have_one_says_where_they_are(
+    backend: Backend, store: Any
+) -> None:
+    """Found by a new user: ``stats`` without ``--tenant`` read 0 threads and said nothing more."""
+    _tenant_threads(store, untenanted=False)
+    before = backend.dump()
+    probed = run(backend, "--json", "stats", "--rounds", "1")
+    assert probed.exit_code == 0, probed.output
+    document = json.loads(probed.output)
+    assert document["threads"] == []
+    assert document["other_tenants"]["tenants"] == 2 and document["other_tenants"]["threads"] == 4
+    table = " ".join(run(backend, "stats", "--rounds", "1").output.split())
+    assert "4 more root thread(s) belong to 2 tenant(s)" in table
+    scoped = json.loads(run(backend, "--json", "stats", "--rounds", "1", "--tenant", "acme").output)
+    assert scoped["threads"] and "other_tenants" not in scoped
     assert backend.dump() == before
 
 
@@ -602,3 +624,28 @@ def test_the_terminal_replay_follows_a_live_redraw_and_reports_a_line_past_the_l
     assert text.split("\n")[:2] == ["x" * 12, "y" * 10] and over == ("x" * 12,)
     erased, over = replay("z" * 11 + "\r\x1b[2Kshort\r\n", 10)
     assert erased == "short\n" and over == ("z" * 11,)  # erased by a redraw, but it was drawn too wide
+
+
+# -- queue enqueue -------------------------------------------------------------------------------------------------
+
+
+def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(backend: Backend, store: Any) -> None:
+    """Found by a new user: the CLI could list, retry and cancel entries but not add one."""
+    added = run(backend, "--json", "queue", "enqueue", "t-new", "--graph", "qa", "--input", '{"n": 1}',
+                "--tenant", "acme")
+    assert added.exit_code == 0, added.output
+    entry = json.loads(added.output)["entry"]
+    assert (entry["thread_id"], entry["graph_id"], entry["tenant_id"], entry["input"]) == ("t-new", "qa", "acme", {"n": 1})
+    assert entry["status"] == "open" and entry["attempts"] == 0
+    stored = store.queue.entry(entry["entry_id"])
+    assert stored is not None and stored.input == {"n": 1} and stored.tenant_id == "acme"
+    later = run(backend, "queue", "enqueue", "t-later", "--graph", "qa", "--delay", "3600")
+    assert later.exit_code == 0 and "enqueued (thread t-later, graph qa)" in " ".join(later.output.split())
+    assert store.queue.lease("w", TTL).entry.thread_id == "t-new"  # the delayed one is not leasable yet
+    assert store.queue.lease("w", TTL) is None
+    before = backend.dump()
+    for bad in (["t", "--graph", "qa", "--input", "{nope"], ["t", "--graph", "qa", "--input", "NaN"],
+                ["", "--graph", "qa"], ["t", "--graph", ""], ["t", "--graph", "qa", "--delay", "-1"], ["t"]):
+        refused = run(backend, "queue", "enqueue", *bad)
+        assert refused.exit_code == EXIT_USAGE, (bad, refused.output)
+    assert backend.dump() == before

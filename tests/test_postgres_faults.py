@@ -164,6 +164,65 @@ def test_a_backend_killed_mid_call_leaves_nothing_half_written(harness: PgHarnes
     assert [r.seq for r in records] == [2]
 
 
+def _hold_migration_lock(harness: PgHarness, schema: str, seconds: float | None) -> psycopg.Connection:
+    """Another session takes the migration lock of ``schema`` and, unless ``seconds`` is None, lets go after that."""
+    from threadloom.persistence.postgres import sql as q
+
+    locker = psycopg.connect(harness.dsn)
+    locker.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (q.SCHEMA_LOCK_CLASS, schema))
+    if seconds is not None:
+        threading.Timer(seconds, locker.rollback).start()
+    return locker
+
+
+def test_a_migration_waiting_past_the_call_bound_rolls_back_and_tries_again(harness: PgHarness) -> None:
+    """A lock wait longer than call_timeout ends the try (live traffic never queues long behind the migration's
+    locks); the next try migrates once the lock is free, and the try that failed is logged."""
+    from structlog.testing import capture_logs
+
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+
+    schema = new_schema_name()
+    locker = _hold_migration_lock(harness, schema, seconds=0.5)
+    try:
+        with capture_logs() as logs:
+            store = PostgresCheckpointer.open(
+                harness.dsn, harness.config(schema=schema, call_timeout=timedelta(milliseconds=300))
+            )
+        try:
+            assert store.latest("t") is None
+        finally:
+            store.close()
+    finally:
+        time.sleep(0.6)  # the timer has let go
+        locker.close()
+    retries = [line for line in logs if line["event"] == "store.migrate_retry"]
+    assert retries and retries[0]["attempt"] == 1 and retries[0]["schema"] == schema, logs
+    assert [line["version"] for line in logs if line["event"] == "store.migrated"] == [migrations()[-1].version]
+
+
+def test_a_migration_that_never_gets_its_lock_fails_after_three_tries_with_nothing_applied(
+    harness: PgHarness,
+) -> None:
+    from structlog.testing import capture_logs
+
+    from threadloom.persistence.postgres.schema import MIGRATE_TRIES
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+
+    schema = new_schema_name()
+    locker = _hold_migration_lock(harness, schema, seconds=None)
+    try:
+        with capture_logs() as logs, pytest.raises(StoreUnavailable) as caught:
+            PostgresCheckpointer.open(harness.dsn, harness.config(schema=schema, call_timeout=timedelta(milliseconds=200)))
+    finally:
+        locker.rollback()
+        locker.close()
+    assert caught.value.operation == "open"
+    assert [line["attempt"] for line in logs if line["event"] == "store.migrate_retry"] == list(range(1, MIGRATE_TRIES))
+    with psycopg.connect(harness.dsn, autocommit=True) as admin:  # every try rolled back whole: no schema at all
+        assert admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None
+
+
 def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgHarness) -> None:
     """Found by hostile testing: open reported a failed migration as an unknown outcome; it is not a write."""
     from threadloom.persistence.postgres import sql as q

@@ -350,8 +350,8 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
     # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
-    # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only; 9: reserved; 10: checkpoint
-    # metadata in a column
+    # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only; 9: a commit without a
+    # checkpoint re-stamps its thread in its own transaction; 10: checkpoint metadata in a column
     assert versions == [(version,) for version in range(1, 11)]
 
 
@@ -388,7 +388,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
     assert sorted(files) == [
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
         "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
-        "0008_stamped_tenant_indexes.sql", "0009_reserved.sql", "0010_checkpoint_metadata.sql",
+        "0008_stamped_tenant_indexes.sql", "0009_commit_restamps.sql", "0010_checkpoint_metadata.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
@@ -412,14 +412,18 @@ REPLACED_FORMS = {
         "text[], text, text[], text[], text[], jsonb) RETURNS void"
     ],
     6: ["tl_q_release(bigint, bigint, bigint) RETURNS integer"],
+    9: [
+        "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
+        "text[], text[], text[], text[], jsonb, text, text, jsonb) RETURNS record"
+    ],
     10: [
         "tl_commit(text, bigint, text, bigint, text, text, text, text, text, text, text, text, boolean, text[], "
-        "text[], text[], text[], text[], jsonb, text, text, jsonb) RETURNS void"
+        "text[], text[], text[], text[], jsonb, text, text, jsonb, jsonb, bigint) RETURNS record"
     ],
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7, 8, 9])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:
@@ -494,9 +498,9 @@ def test_a_refusal_no_check_explains_is_a_corrupt_store_not_a_commit(harness: Pg
                     p_cp_body text, p_cp_metadata jsonb, p_retract boolean, p_pw_cps text[], p_pw_bodies text[],
                     p_ev_bodies text[],
                     p_fx_keys text[], p_fx_bodies text[], p_metadata jsonb, p_access_schema text,
-                    p_access_tenant text, p_access_attrs jsonb, OUT first_seq bigint,
-                    OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
-                    OUT latest text, OUT graph text, OUT stamp text)
+                    p_access_tenant text, p_access_attrs jsonb, p_schemas jsonb, p_stamp_pos bigint,
+                    OUT first_seq bigint, OUT current bigint, OUT fence_current bigint, OUT base text,
+                    OUT duplicate boolean, OUT latest text, OUT stamp_pos bigint, OUT stamp_body text)
                 LANGUAGE plpgsql AS $$ BEGIN current := p_token; duplicate := false; END $$"""
         )
     with pytest.raises(StoreCorrupt) as caught:

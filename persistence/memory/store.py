@@ -321,6 +321,8 @@ class InMemoryCheckpointer(StoreBase):
             # Every check passed: apply (nothing below can fail).
             now = read_clock(self._clock)
             stamp = commit.stamp if cp is not None else self._latest_stamp(row, thread_id)
+            if cp is None and stamp is not None and row.history[-1].stamp != stamp:
+                self._restamp(row, stamp)  # another schema stamped the thread: its older rows get this one too
             pending = [write.text for write in commit.pending_writes]
             if cp is not None:
                 for cut in row.history[keep:]:
@@ -664,26 +666,29 @@ class InMemoryCheckpointer(StoreBase):
             if row is None or not row.history:
                 return 0
             stamp = self._latest_stamp(row, thread_id)
-            if stamp is None:
-                return 0
-            changed = 0
-            for stored in row.history:
-                if stored.stamp != stamp:
-                    stored.stamp = stamp
-                    changed += 1
-            for index, old in enumerate(row.pending_stamps):
-                if old != stamp:
-                    row.pending_stamps[index] = stamp
-                    changed += 1
-            for event in row.events:
-                if event.stamp != stamp:
-                    event.stamp = stamp
-                    changed += 1
-            for key in row.effects:
-                if row.effect_stamps.get(key) != stamp:
-                    row.effect_stamps[key] = stamp
-                    changed += 1
-            return changed
+            return 0 if stamp is None else self._restamp(row, stamp)
+
+    @staticmethod
+    def _restamp(row: _Thread, stamp: StampColumns) -> int:
+        """Sets ``stamp`` on every row of the thread whose stamp differs (lock held); returns how many."""
+        changed = 0
+        for stored in row.history:
+            if stored.stamp != stamp:
+                stored.stamp = stamp
+                changed += 1
+        for index, old in enumerate(row.pending_stamps):
+            if old != stamp:
+                row.pending_stamps[index] = stamp
+                changed += 1
+        for event in row.events:
+            if event.stamp != stamp:
+                event.stamp = stamp
+                changed += 1
+        for key in row.effects:
+            if row.effect_stamps.get(key) != stamp:
+                row.effect_stamps[key] = stamp
+                changed += 1
+        return changed
 
     def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
         with self._lock:

@@ -6,6 +6,11 @@ stamp-checked reads, mixed into :class:`~threadloom.persistence.postgres.store.P
 fence's too, in id order), checks the fence and that the latest checkpoint is still the one read (positions are
 never reused), and only then writes the stamp: the stamp written is always the one derived from the latest
 checkpoint under the thread's lock. A commit that moved the latest meanwhile makes it read and derive again.
+
+A commit without a checkpoint derives the same way when the thread's stamp is of another schema than this
+store's (``tl_commit`` answers the latest checkpoint instead of applying; the store derives its stamp with
+:meth:`PostgresAccess._log_stamp` and sends the commit again with it, which then also re-stamps the thread's
+older rows, in the commit's transaction).
 """
 
 from __future__ import annotations
@@ -16,15 +21,12 @@ from typing import TYPE_CHECKING, Any
 from threadloom.domain import rules
 from threadloom.domain.access import WALK_GRAPH_ID, AccessSchemas, Member, StampColumns
 from threadloom.domain.clock import duration_micros
-from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, StoreUnavailable, ThreadloomError
+from threadloom.domain.errors import CheckpointNotFound, StoreCorrupt, StoreUnavailable
 from threadloom.persistence import codec
-from threadloom.persistence.logs import get_logger
 from threadloom.persistence.postgres.calls import as_utc
 
 if TYPE_CHECKING:
     from threadloom.domain.values import Checkpoint, EventRecord
-
-_log = get_logger("threadloom.persistence.postgres.access")
 
 ACCESS_STATEMENTS = (
     "STAMP", "HEARTBEAT", "STAMP_SOURCE", "GRAPH_THREADS", "TENANT_THREADS", "TOKEN_HIGH_WATER", "MEMBERS",
@@ -33,8 +35,24 @@ ACCESS_STATEMENTS = (
 """The statements of :mod:`~threadloom.persistence.postgres.sql` this mixin runs."""
 
 STAMP_ATTEMPTS = 8
-"""How many times ``stamp_thread`` reads and derives again when commits keep moving the thread's latest checkpoint
-between its read and its write, before it gives up with ``StoreUnavailable`` (nothing written; retry)."""
+"""How many times ``stamp_thread`` (or a commit without a checkpoint to a thread another schema stamped) reads and
+derives again when commits keep moving the thread's latest checkpoint between its read and its write, before it
+gives up with ``StoreUnavailable`` (nothing written; retry)."""
+
+
+def declared_hashes(access: AccessSchemas) -> str | None:
+    """The JSON object ``tl_commit`` takes as ``p_schemas``: each declared graph kind's schema hash (a kind not in
+    it has the implicit schema, whose hash the database computes); None when nothing is declared."""
+    return codec.dumps({item.graph_id: item.hash for item in access.schemas}) if access.schemas else None
+
+
+def moving_latest(operation: str, thread_id: str) -> StoreUnavailable:
+    """The error of a stamp derived :data:`STAMP_ATTEMPTS` times from a latest checkpoint commits kept replacing."""
+    return StoreUnavailable(
+        operation,
+        f"commits kept moving thread {thread_id!r}'s latest checkpoint during {STAMP_ATTEMPTS} attempts to derive "
+        "its access stamp; nothing was written; retry",
+    )
 
 
 def _stamp(row: list[Any]) -> StampColumns | None:
@@ -49,19 +67,13 @@ class PostgresAccess:
     def _call(self, operation: str, thread_id: str | None, name: str, params: Any, **kwargs: Any) -> Any:
         raise NotImplementedError  # pragma: no cover - the store provides it
 
-    def _after_log_commit(self, thread_id: str, graph: str | None, stamp: str | None) -> None:
-        """After a commit without a checkpoint: its rows carry the thread's stamp; when that stamp is not of this
-        store's schema (an older node committed the latest checkpoint), the thread is stamped at once, in a second
-        transaction (meanwhile tenant-scoped reads fail closed on those rows: they stamp first)."""
-        if graph is None or graph == WALK_GRAPH_ID or stamp == self._access.for_graph(graph).hash:
-            return
-        try:
-            self._stamp_thread(thread_id, None)
-        except ThreadloomError as error:  # the commit applied: its caller must not see it fail
-            _log.warning(
-                "access.stamp_deferred", thread_id=thread_id, error=f"{type(error).__name__}: {error}",
-                note="the rows keep the older schema's stamp until a tenant-scoped read or the walk stamps them",
-            )
+    def _log_stamp(self, thread_id: str, body: str | None) -> StampColumns:
+        """The stamp of a commit without a checkpoint whose thread another schema stamped: derived by this store's
+        schema from ``body``, the text of the thread's latest checkpoint ``tl_commit`` answered."""
+        if body is None:
+            raise StoreCorrupt("commit", f"thread {thread_id!r} names a latest checkpoint its history lacks")
+        latest = codec.decode_checkpoint(body, thread_id)
+        return self._access.for_graph(latest.graph_id).columns(latest)
 
     def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
         fence_thread, fence_token = fence if fence is not None else (None, None)
@@ -81,11 +93,7 @@ class PostgresAccess:
                 rules.check_token(fence[0], fence[1], fence_current)  # raises StaleClaim
             if code == 0:
                 return int(changed)
-        raise StoreUnavailable(
-            "stamp_thread",
-            f"commits kept moving thread {thread_id!r}'s latest checkpoint during {STAMP_ATTEMPTS} attempts to stamp "
-            "it; nothing was written; retry",
-        )
+        raise moving_latest("stamp_thread", thread_id)
 
     def _graph_threads(self, graph_id: str, after: str | None, limit: int) -> list[str]:
         rows = self._call("graph_threads", None, "GRAPH_THREADS", (graph_id, after or "", limit), write=False)
@@ -160,4 +168,4 @@ class PostgresAccess:
         )
 
 
-__all__ = ["ACCESS_STATEMENTS", "STAMP_ATTEMPTS", "PostgresAccess"]
+__all__ = ["ACCESS_STATEMENTS", "STAMP_ATTEMPTS", "PostgresAccess", "declared_hashes", "moving_latest"]

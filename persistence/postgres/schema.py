@@ -28,6 +28,10 @@ from threadloom.persistence.postgres.calls import Database
 
 log = get_logger("threadloom.persistence.postgres.schema")
 
+MIGRATE_TRIES = 3
+"""How many times :func:`migrate` tries its transaction when a lock wait or a statement outlasts the call bound
+(each try rolls back whole; a ``store.migrate_retry`` warning names the try that failed)."""
+
 _FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 _INCLUDE = re.compile(r"^\\ir\s+(functions/[a-z0-9_]+\.sql)\s*$", re.MULTILINE)
 
@@ -75,8 +79,8 @@ def migrate(db: Database, target: str) -> None:
     Raises:
         ProcessingError: the schema holds no store and ``config.create`` is False (nothing was created).
         StoreCorrupt: the schema is at a version newer than this code.
-        StoreUnavailable: the database failed or did not answer within two call bounds (nothing was applied: a
-            retry is safe).
+        StoreUnavailable: the database failed, or each of :data:`MIGRATE_TRIES` tries waited longer than the call
+            bound for a lock or a statement (nothing was applied: a retry is safe).
     """
     from psycopg import errors
 
@@ -84,11 +88,12 @@ def migrate(db: Database, target: str) -> None:
     steps = migrations()
     latest = steps[-1].version
     conn, restore = db.checkout("open", None)
-    # Migrating may first wait (lock_timeout) for another process's migration: two call bounds.
-    watch = db.watchdog.enter(conn, time.monotonic() + 2 * config.deadline_s)
+    # Each try may wait one call bound (lock_timeout, statement_timeout); one more bound for the reads around them.
+    deadline = time.monotonic() + (MIGRATE_TRIES + 1) * config.deadline_s
+    watch = db.watchdog.enter(conn, deadline)
     discard = True
     try:
-        for attempt in range(3):
+        for attempt in range(MIGRATE_TRIES):
             try:
                 cur = db.cursor(conn)
                 try:
@@ -130,8 +135,18 @@ def migrate(db: Database, target: str) -> None:
                 return
             except (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable):
                 # CREATE SCHEMA/TABLE IF NOT EXISTS raced a creator that does not take our lock: try again.
-                if attempt == 2:
+                if attempt == MIGRATE_TRIES - 1:
                     raise
+            except (errors.QueryCanceled, errors.LockNotAvailable) as error:
+                # A lock wait or a stall longer than the call bound: the transaction rolled back (nothing applied).
+                # Waiting a bounded time per try keeps live traffic from queueing behind the migration's locks.
+                late = time.monotonic() > deadline - config.deadline_s  # no whole bound left for another try
+                if attempt == MIGRATE_TRIES - 1 or late or conn.closed or conn.broken:
+                    raise
+                log.warning(
+                    "store.migrate_retry", op="open", schema=config.schema, attempt=attempt + 1,
+                    error=f"{type(error).__name__}: {error}".strip(),
+                )
     except ThreadloomError:
         raise
     except Exception as error:

@@ -49,10 +49,12 @@ CURRENT_CLAIM = (
     "WHERE thread_id = %s AND claim_token IS NOT NULL"
 )
 COMMIT = (
-    "SELECT first_seq, current, fence_current, base, duplicate, latest, graph, stamp FROM {s}.tl_commit("
-    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb)"
+    "SELECT first_seq, current, fence_current, base, duplicate, latest, stamp_pos, stamp_body FROM {s}.tl_commit("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, "
+    "%s::jsonb, %s)"
 )
-"""Answers the first event number when applied, else NULL and what each commit check read (functions/commit.sql)."""
+"""Answers the first event number when applied, else NULL and what each commit check read, or the latest checkpoint
+to derive a commit's stamp from (functions/commit.sql)."""
 DELETE = "SELECT code, n FROM {s}.tl_delete(%s, %s, %s, %s)"
 COMPACT = "SELECT {s}.tl_compact(%s, %s)"
 PRUNE = "SELECT {s}.tl_prune(%s, %s, %s, %s)"

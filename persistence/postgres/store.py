@@ -22,7 +22,10 @@ answers the first number, from which ``EncodedEvent.record`` builds the returned
 nothing parsed on either side. When a check fails, ``tl_commit`` writes nothing and answers what each check
 read (the claim's token, the fence's, the parent the checkpoint must name, whether its id is taken, the latest
 id); the store raises through :func:`threadloom.domain.rules.check_commit`, the one definition of the checks'
-order and messages.
+order and messages. A commit without a checkpoint to a thread whose latest checkpoint another access schema
+stamped (an older node committed it) takes one more round trip: ``tl_commit`` answers that checkpoint instead of
+applying, and the commit goes again with the stamp derived from it, which it writes on its rows and on the
+thread's older ones in its one transaction (:mod:`~threadloom.persistence.postgres.access`).
 
 ``await_events_after`` waits on ``LISTEN`` (:mod:`~threadloom.persistence.postgres.listener`); the durable run
 queue is ``store.queue`` (:mod:`~threadloom.persistence.postgres.queue`), in the same schema.
@@ -79,7 +82,13 @@ from threadloom.persistence.check import CheckReport
 from threadloom.persistence.encoded import EncodedCommit, EncodedEvent
 from threadloom.persistence.postgres import conninfo as libpq
 from threadloom.persistence.postgres import sql as q
-from threadloom.persistence.postgres.access import ACCESS_STATEMENTS, PostgresAccess
+from threadloom.persistence.postgres.access import (
+    ACCESS_STATEMENTS,
+    STAMP_ATTEMPTS,
+    PostgresAccess,
+    declared_hashes,
+    moving_latest,
+)
 from threadloom.persistence.postgres.calls import ConnectFailures, Database, as_utc
 from threadloom.persistence.postgres.check import check as check_store
 from threadloom.persistence.postgres.config import (
@@ -167,6 +176,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         self._target = target
         self._jsonb = lambda value: Jsonb(value, dumps=codec.dumps)
         self._sql = {name: db.render(getattr(q, name)) for name in _STATEMENTS}
+        self._declared = declared_hashes(self._access)
         self._registry = Registry(db)
         self._waiters = Waiters()
         self._listener = Listener(
@@ -392,37 +402,40 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
     def _commit(self, thread_id: str, encoded: EncodedCommit) -> list[EventRecord]:
         cp = encoded.checkpoint
         fence_thread, fence_token = encoded.fence if encoded.fence is not None else (None, None)
-        rows = self._call(
-            "commit",
+        params = (
             thread_id,
-            "COMMIT",
-            (
-                thread_id,
-                encoded.token,
-                fence_thread,
-                fence_token,
-                *(
-                    (cp.id, cp.parent, cp.run_id, cp.status, cp.tenant_id, cp.graph_id, cp.origin_parent, cp.text,
-                     cp.metadata)
-                    if cp is not None
-                    else (None,) * 9
-                ),
-                encoded.retract_turn,
-                [write.checkpoint_id for write in encoded.pending_writes],
-                [write.text for write in encoded.pending_writes],
-                [_unnumbered(event) for event in encoded.events],
-                [effect.key for effect in encoded.effects],
-                [effect.text for effect in encoded.effects],
-                self._jsonb(encoded.metadata) if encoded.metadata else None,
-                *(encoded.stamp or (None, None, None)),
+            encoded.token,
+            fence_thread,
+            fence_token,
+            *(
+                (cp.id, cp.parent, cp.run_id, cp.status, cp.tenant_id, cp.graph_id, cp.origin_parent, cp.text,
+                 cp.metadata)
+                if cp is not None
+                else (None,) * 9
             ),
-            write=True,
+            encoded.retract_turn,
+            [write.checkpoint_id for write in encoded.pending_writes],
+            [write.text for write in encoded.pending_writes],
+            [_unnumbered(event) for event in encoded.events],
+            [effect.key for effect in encoded.effects],
+            [effect.text for effect in encoded.effects],
+            self._jsonb(encoded.metadata) if encoded.metadata else None,
         )
-        first_seq, current, fence_current, _base, duplicate, latest, graph, stamp = rows[0]
-        if first_seq is not None:
-            if cp is None:
-                self._after_log_commit(thread_id, graph, stamp)
-            return [event.record(first_seq + index) for index, event in enumerate(encoded.events)]
+        stamp: tuple[Any, Any, Any] = encoded.stamp or (None, None, None)
+        schemas = self._declared if cp is None else None  # what a commit without a checkpoint checks its stamp by
+        stamp_pos = None
+        for _attempt in range(STAMP_ATTEMPTS):
+            rows = self._call("commit", thread_id, "COMMIT", (*params, *stamp, schemas, stamp_pos), write=True)
+            first_seq, current, fence_current, _base, duplicate, latest, stamp_pos, stamp_body = rows[0]
+            if first_seq is not None:
+                return [event.record(first_seq + index) for index, event in enumerate(encoded.events)]
+            if stamp_pos is None:  # a check failed
+                break
+            # Every check passed, but the thread's stamp is another schema's: derive it from the latest checkpoint
+            # answered, and send the commit again with it (applied with it only while that is still the latest).
+            stamp = self._log_stamp(thread_id, stamp_body)
+        else:
+            raise moving_latest("commit", thread_id)
         rules.check_commit(
             thread_id,
             token=encoded.token,

@@ -53,12 +53,28 @@ def log_stamp(
     thread_stamp: list[Any],
 ) -> tuple[Any, Any, Any]:
     """The stamp of a commit without a checkpoint: the thread's (its latest checkpoint's) when it is of this store's
-    schema, else derived again from the latest checkpoint (one more read, only after a schema change)."""
+    schema, else derived again from the latest checkpoint and set on the thread's older rows too, in the commit's
+    transaction (one more read and the re-stamp, only after a schema change)."""
     if graph_id is None or graph_id == WALK_GRAPH_ID:
         return _UNSTAMPED
     if thread_stamp[0] is not None and thread_stamp[0] == access.for_graph(graph_id).hash:
         return (thread_stamp[0], thread_stamp[1], thread_stamp[2])
-    return derive(conn, access, thread_id, graph_id, position) or _UNSTAMPED
+    stamp = derive(conn, access, thread_id, graph_id, position)
+    if stamp is None:
+        return _UNSTAMPED
+    restamp(conn, thread_id, stamp)
+    return stamp
+
+
+def restamp(conn: sqlite3.Connection, thread_id: str, stamp: StampColumns) -> int:
+    """Sets ``stamp`` on every row of the thread whose stamp differs, and on the thread's row (inside the write
+    transaction). Returns the rows changed (the thread's row not counted)."""
+    params = (*stamp, thread_id)
+    changed = 0
+    for statement in (sql.RESTAMP_CHECKPOINTS, sql.RESTAMP_PENDING, sql.RESTAMP_EVENTS, sql.RESTAMP_EFFECTS):
+        changed += conn.execute(statement, params).rowcount
+    conn.execute(sql.RESTAMP_THREAD, params)
+    return changed
 
 
 def stamp_thread(
@@ -71,14 +87,7 @@ def stamp_thread(
     if row is None:
         return 0
     stamp = derive(conn, access, thread_id, row[0], row[1])
-    if stamp is None:
-        return 0
-    params = (*stamp, thread_id)
-    changed = 0
-    for statement in (sql.RESTAMP_CHECKPOINTS, sql.RESTAMP_PENDING, sql.RESTAMP_EVENTS, sql.RESTAMP_EFFECTS):
-        changed += conn.execute(statement, params).rowcount
-    conn.execute(sql.RESTAMP_THREAD, params)
-    return changed
+    return 0 if stamp is None else restamp(conn, thread_id, stamp)
 
 
 def heartbeat(
@@ -147,5 +156,5 @@ def stamped_thread(conn: sqlite3.Connection, thread_id: str) -> Any:
     )
 
 
-__all__ = ["derive", "heartbeat", "log_stamp", "members", "stamp_thread", "stamped_events", "stamped_history",
-           "stamped_thread"]
+__all__ = ["derive", "heartbeat", "log_stamp", "members", "restamp", "stamp_thread", "stamped_events",
+           "stamped_history", "stamped_thread"]

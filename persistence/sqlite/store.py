@@ -539,7 +539,7 @@ class SqliteCheckpointer(StoreBase):
             (
                 next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id, latest_position,
                 latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,
-                *(stamp if cp is not None else thread_stamp), thread_id,
+                *stamp, thread_id,
             ),
         )
         return records

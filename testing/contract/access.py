@@ -100,20 +100,31 @@ class AccessContract:
         chat_step(_writer(new, harness, "u2"), "d1")
         assert new.stamp_thread("u2") == 0 and store.stamp_thread("u2") == 4
 
-    def test_a_commit_without_a_checkpoint_stamps_with_the_latest_checkpoint(
+    def test_a_commit_without_a_checkpoint_stamps_the_whole_thread_by_its_latest_checkpoint(
         self, harness: StoreHarness, store: Checkpointer
     ) -> None:
         writer = Writer(store, harness, "t", tenant="acme")
-        chat_step(writer, "c1", events=1, pending=0, effects=0)
+        chat_step(writer, "c1", events=1, pending=1, effects=1)  # the old node's: a checkpoint and three rows
         new = v2(harness)
         writer.store = new
         writer.emit(2)
-        writer.commit(pending_writes=[PendingWrite(checkpoint_id="c1", task_id="x", node_id="n")])
-        # the new node's rows carry its schema's stamp, derived from the latest checkpoint: only the old node's
-        # rows differ (2), or none when the store stamped the thread right after such a commit (PostgreSQL)
-        assert new.stamp_thread("t") in (2, 0)
+        # the new node's rows carry its schema's stamp, derived from the latest checkpoint, and in the same
+        # transaction every older row of the thread gets it too: nothing is left for stamp_thread
         assert new.stamp_thread("t") == 0
-        assert seqs(new.tenant_events_after("t", "acme", 0, 10)) == [1, 2, 3]
+        assert store.stamp_thread("t") == 6  # every row carried the new schema's stamp: back to the old one
+        writer.commit(
+            pending_writes=[PendingWrite(checkpoint_id="c1", task_id="x", node_id="n")], metadata={"k": "v"},
+            effects=[EffectRecord(key="x", run_id=writer.holder, recorded_at=harness.clock.now(), result=1)],
+        )
+        assert new.stamp_thread("t") == 0
+        assert store.stamp_thread("t") == 8
+        writer.emit(1)
+        assert new.stamp_thread("t") == 0 and store.stamp_thread("t") == 9
+        writer.store = store  # the other way round: the old node stamps with its schema, the whole thread too
+        assert new.stamp_thread("t") == 9
+        writer.emit(1)
+        assert store.stamp_thread("t") == 0 and new.stamp_thread("t") == 10
+        assert seqs(new.tenant_events_after("t", "acme", 0, 10)) == [1, 2, 3, 4, 5]
 
     def test_a_changed_attribute_leaves_older_rows_to_restamp(self, harness: StoreHarness, store: Checkpointer) -> None:
         new = v2(harness)

@@ -1,5 +1,7 @@
--- commit (version 10: the checkpoint's metadata in a column of its own; version 7: access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint
--- instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
+-- commit (version 10: the checkpoint's metadata in a column of its own; version 9: a commit without a checkpoint
+-- re-stamps a thread an older schema stamped, in its own transaction; version 7: access stamps; version 5 a
+-- retract_turn commit's parent against the newest settled checkpoint instead of the latest; versions 1 to 3 had a
+-- form that numbered spliced event texts and answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
 -- fenced writes never deadlock), reads what the commit checks need, and applies the commit when every check
@@ -13,10 +15,17 @@
 -- duplicate (the checkpoint id is already in the history, before any cut), latest (the latest id, which pending
 -- writes name when the commit has no checkpoint).
 --
--- Access stamps (version 7): every row the commit writes, and the thread row, get p_access_* (derived by the
--- client from the commit's checkpoint); a commit without a checkpoint writes the thread's stamp (its latest
--- checkpoint's). Answers also graph (the thread's graph kind after the commit) and stamp (the schema the rows were
--- stamped with), so the client can re-stamp a thread whose latest checkpoint an older schema stamped.
+-- Access stamps: every row the commit writes, and the thread row, get p_access_* (derived by the client from the
+-- commit's checkpoint). A commit without a checkpoint writes the thread's stamp (its latest checkpoint's) when
+-- that stamp is of the committing node's schema for the thread's graph kind: p_schemas maps each graph kind the
+-- node declared to its schema's hash, and a kind it did not declare has the implicit schema (tl_access_hash). When
+-- the stamp is of another schema (an older node committed the latest checkpoint), every check passed and
+-- p_stamp_pos is not the latest's position, the commit is refused (nothing written; first_seq NULL) with
+-- stamp_pos and stamp_body, the latest checkpoint's position and text: the client derives the stamp from that
+-- text and sends the commit again with it and p_stamp_pos = stamp_pos. Then, the latest still at that position,
+-- the commit applies with that stamp and re-stamps the thread's older rows (tl_restamp, as tl_stamp does), in this
+-- one transaction under the thread's row lock; the latest moved, it is refused again with the new latest. A walk
+-- thread, or a thread without a checkpoint, is stamped as before (the thread's stamp: none).
 --
 -- Event texts arrive without their number: each is stored as '{{"seq":<n>,' || text, exactly the text the
 -- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
@@ -27,8 +36,9 @@ CREATE OR REPLACE FUNCTION {s}.tl_commit(
     p_cp_origin text, p_cp_body text, p_cp_metadata jsonb, p_retract boolean,
     p_pw_cps text[], p_pw_bodies text[], p_ev_bodies text[], p_fx_keys text[], p_fx_bodies text[],
     p_metadata jsonb, p_access_schema text, p_access_tenant text, p_access_attrs jsonb,
+    p_schemas jsonb, p_stamp_pos bigint,
     OUT first_seq bigint, OUT current bigint, OUT fence_current bigint, OUT base text, OUT duplicate boolean,
-    OUT latest text, OUT graph text, OUT stamp text)
+    OUT latest text, OUT stamp_pos bigint, OUT stamp_body text)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     r record;
@@ -67,17 +77,21 @@ BEGIN
         RETURN;
     END IF;
     v_stamp := greatest(clock_timestamp(), r.stamped_at);
-    IF p_cp_id IS NULL THEN  -- the rows carry the latest checkpoint's stamp (none without a checkpoint)
-        graph := r.graph_id;
-        IF r.latest_pos IS NOT NULL THEN
+    IF p_cp_id IS NULL AND r.latest_pos IS NOT NULL THEN  -- the rows carry the latest checkpoint's stamp
+        IF r.graph_id IS NULL OR r.graph_id = 'threadloom.access-walk' OR r.access_schema
+            IS NOT DISTINCT FROM coalesce(p_schemas ->> r.graph_id, {s}.tl_access_hash(r.graph_id)) THEN
             p_access_schema := r.access_schema;
             p_access_tenant := r.access_tenant;
             p_access_attrs := r.access_attrs;
+        ELSIF p_stamp_pos IS DISTINCT FROM r.latest_pos THEN  -- another schema's stamp: the client derives it
+            stamp_pos := r.latest_pos;
+            SELECT c.body INTO stamp_body FROM {s}.checkpoints c
+                WHERE c.thread_id = p_thread AND c.pos = r.latest_pos;
+            RETURN;
+        ELSE  -- derived from the latest, still the latest: the commit's rows and the thread's older ones get it
+            PERFORM {s}.tl_restamp(p_thread, p_access_schema, p_access_tenant, p_access_attrs);
         END IF;
-    ELSE
-        graph := p_cp_graph;
     END IF;
-    stamp := p_access_schema;
     IF p_cp_id IS NOT NULL THEN
         IF p_retract THEN
             DELETE FROM {s}.checkpoints WHERE thread_id = p_thread AND pos > coalesce(v_keep, 0);
