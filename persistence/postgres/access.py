@@ -6,6 +6,10 @@ stamp-checked reads, mixed into :class:`~threadloom.persistence.postgres.store.P
 fence's too, in id order), checks the fence and that the latest checkpoint is still the one read (positions are
 never reused), and only then writes the stamp: the stamp written is always the one derived from the latest
 checkpoint under the thread's lock. A commit that moved the latest meanwhile makes it read and derive again.
+
+A stamp fenced by a walk lease (a walk's) reads as one prepared statement and commits without waiting for its WAL
+flush (``STAMP_WALK``: what a walk costs live commits is its stamps' server time and none of their flushes; the
+walk's next record commit makes them durable).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ _log = get_logger("threadloom.persistence.postgres.access")
 
 ACCESS_STATEMENTS = (
     "STAMP", "HEARTBEAT", "STAMP_SOURCE", "GRAPH_THREADS", "TENANT_THREADS", "TOKEN_HIGH_WATER", "MEMBERS",
-    "STAMPED_HISTORY", "STAMPED_HISTORY_BEFORE", "STAMPED_EVENTS", "STAMPED_THREAD",
+    "STAMPED_HISTORY", "STAMPED_HISTORY_BEFORE", "STAMPED_EVENTS", "STAMPED_THREAD", "STAMP_WALK",
 )  # fmt: skip
 """The statements of :mod:`~threadloom.persistence.postgres.sql` this mixin runs."""
 
@@ -66,13 +70,14 @@ class PostgresAccess:
     def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
         fence_thread, fence_token = fence if fence is not None else (None, None)
         for _attempt in range(STAMP_ATTEMPTS):
-            rows = self._call("stamp_thread", thread_id, "STAMP_SOURCE", (thread_id,), write=False)
+            rows = self._call("stamp_thread", thread_id, "STAMP_SOURCE", (thread_id,), write=False, prepared=True)
             graph, position, body = rows[0] if rows else (None, None, None)
             stamp: tuple[Any, Any, Any] = (None, None, None)
             if graph is not None and graph != WALK_GRAPH_ID and body is not None:
                 stamp = self._access.for_graph(graph).columns(codec.decode_checkpoint(body, thread_id))
             answer = self._call(
-                "stamp_thread", thread_id, "STAMP", (thread_id, fence_thread, fence_token, position, *stamp),
+                "stamp_thread", thread_id, "STAMP" if fence is None else "STAMP_WALK",
+                (thread_id, fence_thread, fence_token, position, *stamp),
                 write=True,
             )
             code, fence_current, changed = answer[0]
