@@ -282,7 +282,7 @@ def _phases(store: Any, walked: _Walked, runtime: GraphRuntime, phase: float) ->
 def _measure(name: str, url: str, fill_url: str, settings: Settings, threads: tuple[int, int]) -> list[Row]:
     """The rows of one store at ``url`` (``fill_url`` writes the threads to walk: the same store, perhaps with
     settings that only make the filling faster); ``threads``: (threads to walk, threads of each speed kind)."""
-    phase = max(1.25 * settings.seconds, 0.5)
+    phase = max(1.25 * settings.seconds, 0.25)
     writer = open_store(fill_url)
     store = open_store(url, access=_schemas(GRAPH))
     walked = _Walked(store)
