@@ -74,6 +74,8 @@ class WalkPace:
         self._origin = self._second_started
         self._stamps: collections.deque[tuple[float, float]] = collections.deque()
         """(start, end) of the threads stamped within the last second, in seconds after ``_origin``, oldest first."""
+        self._stamps_busy = 0.0
+        """The stamping time ``_stamps`` holds (the sum of their lengths)."""
         self.share = self.walk_share
         """The share in force now: ``walk_share`` halved per pressed second, down to ``walk_share / 8``."""
         self.last_stamp_s: float | None = None
@@ -115,23 +117,36 @@ class WalkPace:
 
     def _second_budget_wait(self, w: float, end: float) -> float:
         """The least wait after a thread that took ``w`` and ended at ``end`` (seconds after ``_origin``) such
-        that the second ending with a next thread of ``w`` holds at most ``share`` of a second of stamping."""
+        that the second ending with a next thread of ``w`` holds at most ``share`` of a second of stamping.
+
+        That wait ends one second after the earliest moment from which the stamps made, newest first, exceed
+        what the second may still take: found from the oldest stamp on, past the ones the second drops, with the
+        stamps' total kept as they come and go, so a thread costs a few steps however many the second holds."""
         horizon = SECOND.total_seconds()
         stamps = self._stamps
         if stamps and end < stamps[-1][1]:  # a clock that went back: the earlier stamps say nothing any more
             stamps.clear()
+        if not stamps:
+            self._stamps_busy = 0.0  # (a fresh total: no rounding carried over)
         stamps.append((end - w, end))
+        self._stamps_busy += w
         while stamps and stamps[0][1] <= end - horizon:
-            stamps.popleft()
+            start, stop = stamps.popleft()
+            self._stamps_busy -= stop - start
         budget = self.share * horizon - w  # what the stamps already made may take of that second
         if budget <= 0:
             return 0.0
-        busy = 0.0
-        for start, stop in reversed(stamps):  # newest first: the earliest start of the second that fits
-            if busy + (stop - start) > budget + _TIME_GRAIN:  # (a stamp that just fits is no reason to wait)
-                earliest = stop - max(0.0, budget - busy)
+        limit = budget + _TIME_GRAIN  # (a stamp that just fits is no reason to wait)
+        rest = self._stamps_busy  # the stamping of the stamps from the one at hand to the newest
+        for start, stop in stamps:  # oldest first
+            took = stop - start
+            newer = rest - took
+            if rest <= limit:  # everything from here on fits
+                return 0.0
+            if newer <= limit:  # the oldest stamp that does not fit beside the newer ones
+                earliest = stop - max(0.0, budget - newer)
                 return max(0.0, earliest - (end + w - horizon))
-            busy += stop - start
+            rest = newer
         return 0.0
 
     def second(self, pressed: bool) -> float:

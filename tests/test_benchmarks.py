@@ -97,7 +97,7 @@ def test_walks_section_reports_live_commits_share_and_walk_speed(tmp_path):
     assert len(rows) in (4, 8)  # PostgreSQL's rows too when THREADLOOM_BENCH_PG names a server
     for row in rows:
         assert row.value > 0 and row.baseline > 0
-    assert 0 < rows[2].value <= 1.0 and rows[2].baseline == 0.1
+    assert 0 < rows[2].value <= 1.0 and 0.1 / 8 <= rows[2].baseline <= 0.1 + 1e-9  # the share in force
 
 
 def test_async_section_reports_runs_threads_and_the_pool(tmp_path, monkeypatch):

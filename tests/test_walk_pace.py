@@ -187,3 +187,34 @@ def test_a_clock_that_goes_back_forgets_the_earlier_stamps() -> None:
     p = pace(0.1, rate=10_000.0)
     assert p.stamped(0.05, T0 + timedelta(seconds=10)) == pytest.approx(0.45)
     assert p.stamped(0.01, T0 + timedelta(seconds=5)) == pytest.approx(0.09)
+
+
+def _plain_second_wait(stamps: list[tuple[float, float]], share: float, w: float, end: float) -> float:
+    """The per-second wait by its definition: the stamps of the last second, newest first, until they exceed
+    what the second ending with a next thread of ``w`` may still take."""
+    budget = share - w
+    if budget <= 0:
+        return 0.0
+    busy = 0.0
+    for start, stop in reversed([(a, b) for a, b in stamps if b > end - 1.0]):
+        if busy + (stop - start) > budget + 1e-6:
+            return max(0.0, stop - max(0.0, budget - busy) - (end + w - 1.0))
+        busy += stop - start
+    return 0.0
+
+
+@pytest.mark.parametrize("share", [0.05, 0.3, 1.0])
+def test_a_second_of_thousands_of_short_stamps_waits_as_the_definition_says(share: float) -> None:
+    p = pace(share, rate=1_000_000.0)
+    law = pace(share, rate=1_000_000.0)
+    cycle = [0.0001, 0.0003, 0.002, 0.0001, 0.0005]  # seconds: short stamps, an occasional longer one
+    now = 0.0
+    stamps: list[tuple[float, float]] = []
+    for index in range(1500):
+        w = cycle[index % len(cycle)]
+        now += w
+        end = (T0 + timedelta(seconds=now) - T0).total_seconds()  # what the pace sees of the end time
+        stamps.append((end - w, end))
+        expected = max(law.stamped(w), _plain_second_wait(stamps, share, w, end))
+        assert p.stamped(w, T0 + timedelta(seconds=now)) == pytest.approx(expected, abs=1e-9)
+        now += expected

@@ -19,7 +19,7 @@ from threadloom.actors.policies import ClaimPolicy
 from threadloom.actors.runs import RunEnv
 from threadloom.actors.runtime import GraphRuntime
 from threadloom.actors.scheduler import RandomIds, ThreadScheduler
-from threadloom.actors.walker import WALK_ROWS, WALK_THREADS, Walker, WalkSeen
+from threadloom.actors.walker import REPORT_EVERY, WALK_ROWS, WALK_THREADS, Walker, WalkSeen
 from threadloom.domain.access import (
     WALK_GRAPH_ID,
     AccessAttribute,
@@ -221,6 +221,28 @@ def run_steps(w: Walker, clock: ManualClock, until: Callable[[], bool], limit: i
             return
         clock.advance(timedelta(seconds=delay))
     raise AssertionError("the walker did not get there")
+
+
+def test_a_walker_reports_after_each_page_and_between_pages_at_most_every_tenth_of_a_second() -> None:
+    clock = ManualClock(T0)
+    store = InMemoryCheckpointer(clock, access=NEW)
+    ids = fill(store, 12)
+    told: list[Any] = []
+    run_steps(walker(store, clock, "a", told), clock, lambda: False)  # a thread a millisecond: pages of 5
+    reports = [m for m in told if isinstance(m, WalkPaceReport)]
+    assert [r.cursor for r in reports if r.cursor is not None] == [ids[4], ids[9], ids[11], ids[11]]  # + done
+    assert len(reports) == 5 and reports[0].cursor is None and reports[-1].completed  # claimed, pages, done
+
+    slow_clock = ManualClock(T0)
+    slow = InMemoryCheckpointer(slow_clock, access=NEW)
+    fill(slow, 12)
+    told = []
+    w = walker(slow, slow_clock, "a", told)
+    while (delay := w.step()) is not None:  # a tenth of a second between threads: a report after each
+        slow_clock.advance(timedelta(seconds=delay) + REPORT_EVERY)
+    assert len([m for m in told if isinstance(m, WalkPaceReport)]) == 1 + 12 + 1
+    store.close()
+    slow.close()
 
 
 def test_a_deposed_walker_stamps_nothing() -> None:

@@ -11,6 +11,10 @@ A commit without a checkpoint derives the same way when the thread's stamp is of
 store's (``tl_commit`` answers the latest checkpoint instead of applying; the store derives its stamp with
 :meth:`PostgresAccess._log_stamp` and sends the commit again with it, which then also re-stamps the thread's
 older rows, in the commit's transaction).
+
+A stamp fenced by a walk lease (a walk's) reads as one prepared statement and commits without waiting for its WAL
+flush (``STAMP_WALK``: what a walk costs live commits is its stamps' server time and none of their flushes; the
+walk's next record commit makes them durable).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
 
 ACCESS_STATEMENTS = (
     "STAMP", "HEARTBEAT", "STAMP_SOURCE", "GRAPH_THREADS", "TENANT_THREADS", "TOKEN_HIGH_WATER", "MEMBERS",
-    "STAMPED_HISTORY", "STAMPED_HISTORY_BEFORE", "STAMPED_EVENTS", "STAMPED_THREAD",
+    "STAMPED_HISTORY", "STAMPED_HISTORY_BEFORE", "STAMPED_EVENTS", "STAMPED_THREAD", "STAMP_WALK",
 )  # fmt: skip
 """The statements of :mod:`~threadloom.persistence.postgres.sql` this mixin runs."""
 
@@ -78,13 +82,14 @@ class PostgresAccess:
     def _stamp_thread(self, thread_id: str, fence: tuple[str, int] | None) -> int:
         fence_thread, fence_token = fence if fence is not None else (None, None)
         for _attempt in range(STAMP_ATTEMPTS):
-            rows = self._call("stamp_thread", thread_id, "STAMP_SOURCE", (thread_id,), write=False)
+            rows = self._call("stamp_thread", thread_id, "STAMP_SOURCE", (thread_id,), write=False, prepared=True)
             graph, position, body = rows[0] if rows else (None, None, None)
             stamp: tuple[Any, Any, Any] = (None, None, None)
             if graph is not None and graph != WALK_GRAPH_ID and body is not None:
                 stamp = self._access.for_graph(graph).columns(codec.decode_checkpoint(body, thread_id))
             answer = self._call(
-                "stamp_thread", thread_id, "STAMP", (thread_id, fence_thread, fence_token, position, *stamp),
+                "stamp_thread", thread_id, "STAMP" if fence is None else "STAMP_WALK",
+                (thread_id, fence_thread, fence_token, position, *stamp),
                 write=True,
             )
             code, fence_current, changed = answer[0]

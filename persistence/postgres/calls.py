@@ -29,7 +29,8 @@ How a call runs:
   LEVEL READ COMMITTED`` and ``SET LOCAL`` of the limits before the statement (client-side binding, no
   server-side prepared statements: fit for transaction-mode poolers).
 * A read is one statement in a ``REPEATABLE READ READ ONLY`` transaction: ``SET TRANSACTION`` and the
-  ``SELECT`` in one message.
+  ``SELECT`` in one message; a ``prepared`` read (one ``SELECT``, called often) runs on the store's own pool as a
+  write does.
 * The watchdog enforces the client-side deadline (``call_timeout`` plus a margin) and a call's ``cancel``: it
   aborts the call's connection, which is then discarded, never returned to the pool.
 """
@@ -254,6 +255,7 @@ class Database:
         write: bool,
         cancel: threading.Event | None = None,
         rollback: bool = False,
+        prepared: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Runs one rendered statement as one transaction in one round trip and returns its rows.
 
@@ -267,6 +269,10 @@ class Database:
             cancel: aborts the call when set (its connection is discarded).
             rollback: run the statement in a transaction that is rolled back: its rows, nothing changed (a dry
                 run of a write).
+            prepared: a read that is one ``SELECT`` (one snapshot however it runs) and is called often, such as
+                a walk's: on the store's own pool it runs as a write does (one prepared statement with binary
+                parameters, READ COMMITTED), which costs the server and the client about a third of the
+                ``SET TRANSACTION`` message; its errors are a read's.
 
         Raises:
             ThreadloomError: the mapped failure (see :mod:`~threadloom.persistence.postgres.errors`).
@@ -285,7 +291,7 @@ class Database:
                     while cur.nextset():
                         pass
                     rows = cur.fetchall()
-            elif write and self.owns_pool:  # one prepared statement: its own implicit transaction
+            elif (write or prepared) and self.owns_pool:  # one prepared statement: its own implicit transaction
                 binary = self._binary.get(statement)
                 if binary is None:  # binary parameters: bodies are sent as they are, never escaped
                     binary = self._binary[statement] = statement.replace("%s", "%b")

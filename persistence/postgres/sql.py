@@ -225,6 +225,16 @@ DELETED. Each reads at most ``limit + 1`` rows it returns, plus the rows of its 
 # -- access stamps (README "Access schemas"; functions/access.sql) -----------------------------------------------
 
 STAMP = "SELECT code, fence_current, changed FROM {s}.tl_stamp(%s, %s, %s, %s, %s, %s, %s::jsonb)"
+STAMP_WALK = (
+    "SELECT code, fence_current, changed FROM {s}.tl_stamp(%s, %s, %s, %s, %s, %s, %s::jsonb), "
+    "set_config('synchronous_commit', 'off', true)"
+)
+"""``STAMP`` fenced by a walk lease: its transaction commits without waiting for its WAL flush (``synchronous_commit``
+off for that transaction only), so a walk adds no flush to the live commits' (those with events wait for each other's,
+PostgreSQL serializing them on its notification queue). The next commit flushed makes the stamp durable with it: the
+walk's record of a page, committed synchronously after the page's stamps, always does. A server crash may lose the
+last stamps before it; the walk resumes at its recorded cursor and stamps them again, and reads fail closed on rows
+without a stamp of the current schema meanwhile."""
 HEARTBEAT = "SELECT {s}.tl_heartbeat(%s, %s, %s::jsonb, %s)"
 
 STAMP_SOURCE = """
