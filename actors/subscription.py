@@ -122,15 +122,18 @@ class Subscription:
     def __repr__(self) -> str:
         return f"Subscription(thread_id={self.thread_id!r}, last_seq={self.last_seq})"
 
-    def _notify(self) -> None:
+    def _notify(self, here: asyncio.AbstractEventLoop | None = None) -> None:
         """Wakes every consumer (called under the condition): the blocked ``get`` calls, and each parked
-        ``__anext__`` by resolving its future - directly when called on that future's running loop (a tail
-        delivering to a thousand consumers costs one ``set_result`` each), else through ``call_soon_threadsafe``."""
+        ``__anext__`` by resolving its future - directly when called on that future's loop (``here``, the
+        running loop if not given; a tail delivering to a thousand consumers costs one ``set_result`` each), else
+        through ``call_soon_threadsafe``."""
         if self._blocked:
             self._cond.notify_all()
-        if self._parked:
-            here = running_loop()
-            for future in self._parked:
+        parked = self._parked
+        if parked:
+            if here is None:
+                here = running_loop()
+            for future in parked:
                 if future.get_loop() is here:
                     if not future.done():
                         future.set_result(None)
@@ -139,7 +142,7 @@ class Subscription:
                         future.get_loop().call_soon_threadsafe(_resolve, future)
                     except RuntimeError:  # that loop closed: nobody waits on it any more
                         pass
-            self._parked.clear()
+            parked.clear()
 
     # -- the watch (its own task) -------------------------------------------------------------------------------
 
@@ -302,11 +305,14 @@ class Subscription:
         self._end()
         return False
 
-    def _deliver(self, batch: list[EventRecord], *, report_lag: bool = True) -> bool:
+    def _deliver(
+        self, batch: list[EventRecord], *, report_lag: bool = True, loop: asyncio.AbstractEventLoop | None = None
+    ) -> bool:
         """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered).
 
-        A tail calls it once per subscription for every batch (with ``report_lag=False``: it tells the lag gauge
-        once for all), so it takes the condition's lock directly (its ``with`` costs as much again)."""
+        A tail calls it once per subscription for every batch, from its ``loop``, with ``report_lag=False`` (it
+        tells the lag gauge once for all), so it takes the condition's lock directly (its ``with`` costs as much
+        again)."""
         reached = False
         cond = self._cond
         cond.acquire()
@@ -321,7 +327,7 @@ class Subscription:
                         reached = True
                         break
             if batch:
-                self._notify()
+                self._notify(loop)
         finally:
             cond.release()
         if batch and report_lag and self._on_lag is not None:
@@ -555,11 +561,12 @@ class Tail:
         commit to a thousand subscriptions neither delays the first consumers behind the last nor piles up a
         thousand pending wake-ups for the garbage collector to walk. The lag gauge is told once, at the end."""
         lag_reports: set[Callable[[], None]] = set()
+        loop = asyncio.get_running_loop()
         for index, subscription in enumerate(list(self._subscriptions)):
             if index and not index % FAN_SLICE:
                 await asyncio.sleep(0)
             if subscription._checked:  # the usual case: no coroutine per subscription
-                kept = subscription._deliver(batch, report_lag=False)
+                kept = subscription._deliver(batch, report_lag=False, loop=loop)
                 if subscription._on_lag is not None:
                     lag_reports.add(subscription._on_lag)
                 if not kept:
