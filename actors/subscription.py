@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from threadloom.actors._failures import closed_under, error_kind, is_fatal, is_transient, retry_pause
+from threadloom.actors.aio import running_loop
 from threadloom.actors.graph import END_EVENTS
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
@@ -29,7 +30,6 @@ from threadloom.actors.scheduler import Scheduler, Task
 from threadloom.domain.errors import CancelledError, TenantMismatch, ThreadloomError
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.base import Checkpointer
-from threadloom.persistence.wakeups import LoopWake
 
 if TYPE_CHECKING:
     from threadloom.persistence.aio import AsyncStore
@@ -41,6 +41,10 @@ ASYNC_WAIT = timedelta(seconds=30)
 """How long one wait of an async subscription's watch lasts before it reads again: the store's watcher wakes it
 on a commit (README "asyncio"), so it needs no short poll; a store without a watcher is re-read every
 ``poll_interval`` inside the wait."""
+
+
+FAN_SLICE = 256
+"""How many subscriptions a tail hands a batch to before it yields to the event loop (see ``Tail._fan_out``)."""
 
 
 class Subscription:
@@ -91,13 +95,13 @@ class Subscription:
         self._scheduler = scheduler
         self._task: Task | None = None
         self._until_run_end = until_run_end
-        self._wakes: set[LoopWake] = set()  # async consumers waiting in __anext__
+        self._blocked = 0  # get() calls waiting on the condition: only then does a delivery notify it
+        self._parked: list[asyncio.Future[None]] = []  # what the async consumers parked in __anext__ await
         self._atask: asyncio.Task[None] | None = None  # the async watch, on the loop that subscribed
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._adone = threading.Event()
         self._tail: Tail | None = None  # the shared watch this async subscription joined
         self._checked = False  # the tenant check passed (async subscriptions)
-        self._consumer_wake: LoopWake | None = None  # reused by __anext__ on one loop
 
     def start(self) -> Subscription:
         """Starts the watch's task (once); returns the subscription."""
@@ -118,11 +122,27 @@ class Subscription:
     def __repr__(self) -> str:
         return f"Subscription(thread_id={self.thread_id!r}, last_seq={self.last_seq})"
 
-    def _notify(self) -> None:
-        """Wakes every consumer (called under the condition)."""
-        self._cond.notify_all()
-        for wake in self._wakes:
-            wake.set()
+    def _notify(self, here: asyncio.AbstractEventLoop | None = None) -> None:
+        """Wakes every consumer (called under the condition): the blocked ``get`` calls, and each parked
+        ``__anext__`` by resolving its future - directly when called on that future's loop (``here``, the
+        running loop if not given; a tail delivering to a thousand consumers costs one ``set_result`` each), else
+        through ``call_soon_threadsafe``."""
+        if self._blocked:
+            self._cond.notify_all()
+        parked = self._parked
+        if parked:
+            if here is None:
+                here = running_loop()
+            for future in parked:
+                if future.get_loop() is here:
+                    if not future.done():
+                        future.set_result(None)
+                else:
+                    try:
+                        future.get_loop().call_soon_threadsafe(_resolve, future)
+                    except RuntimeError:  # that loop closed: nobody waits on it any more
+                        pass
+            parked.clear()
 
     # -- the watch (its own task) -------------------------------------------------------------------------------
 
@@ -285,10 +305,18 @@ class Subscription:
         self._end()
         return False
 
-    def _deliver(self, batch: list[EventRecord]) -> bool:
-        """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered)."""
+    def _deliver(
+        self, batch: list[EventRecord], *, report_lag: bool = True, loop: asyncio.AbstractEventLoop | None = None
+    ) -> bool:
+        """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered).
+
+        A tail calls it once per subscription for every batch, from its ``loop``, with ``report_lag=False`` (it
+        tells the lag gauge once for all), so it takes the condition's lock directly (its ``with`` costs as much
+        again)."""
         reached = False
-        with self._cond:
+        cond = self._cond
+        cond.acquire()
+        try:
             if self._cancelled:
                 return False
             for event in batch:
@@ -299,8 +327,10 @@ class Subscription:
                         reached = True
                         break
             if batch:
-                self._notify()
-        if batch and self._on_lag is not None:
+                self._notify(loop)
+        finally:
+            cond.release()
+        if batch and report_lag and self._on_lag is not None:
             self._on_lag()
         return not reached
 
@@ -347,7 +377,11 @@ class Subscription:
         """
         seconds = None if timeout is None else max(0.0, timeout.total_seconds())
         with self._cond:
-            ready = self._cond.wait_for(lambda: self._cancelled or self._queue or self._ended, seconds)
+            self._blocked += 1
+            try:
+                ready = self._cond.wait_for(lambda: self._cancelled or self._queue or self._ended, seconds)
+            finally:
+                self._blocked -= 1
             if not ready or self._cancelled:
                 return None
             if self._queue:
@@ -368,8 +402,10 @@ class Subscription:
     async def __anext__(self) -> EventRecord:
         """The next event, awaiting it; ends (``StopAsyncIteration``) as :meth:`get` returns None, and raises
         the error the watch ended with once every event before it was delivered."""
+        cond = self._cond
         while True:
-            with self._cond:
+            cond.acquire()  # not ``with``: a thousand consumers woken by one commit each pass here twice
+            try:
                 if self._cancelled:
                     raise StopAsyncIteration
                 if self._queue:
@@ -380,16 +416,19 @@ class Subscription:
                     if self._error is not None:
                         raise self._error
                     raise StopAsyncIteration
-                wake = self._consumer_wake
-                if wake is None or not wake.on_running_loop():
-                    wake = self._consumer_wake = LoopWake()
-                wake.event.clear()
-                self._wakes.add(wake)
-            try:
-                await wake.event.wait()
+                parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._parked.append(parked)
             finally:
-                with self._cond:
-                    self._wakes.discard(wake)
+                cond.release()
+            try:
+                await parked
+            except asyncio.CancelledError:  # the consumer's task was cancelled: forget its future
+                self._unpark(parked)
+                raise
+
+    def _unpark(self, parked: asyncio.Future[None]) -> None:
+        with self._cond:
+            self._parked = [future for future in self._parked if future is not parked]
 
     def __iter__(self) -> Iterator[EventRecord]:
         """Yields events until the subscription is cancelled or ends (then raises its error, if any)."""
@@ -497,15 +536,7 @@ class Tail:
                 if not batch:
                     continue
                 self.position = batch[-1].seq
-                for subscription in list(self._subscriptions):
-                    if subscription._checked:  # the usual case: no coroutine per subscription
-                        kept = subscription._deliver(batch)
-                        if not kept:
-                            subscription._end()
-                    else:
-                        kept = await subscription._take(batch, astore)
-                    if not kept:
-                        self.leave(subscription)
+                await self._fan_out(batch)
         except asyncio.CancelledError:
             pass
         except Exception as caught:
@@ -520,6 +551,38 @@ class Tail:
             self.ended = True
             if self._tails.get(self._key) is self:
                 del self._tails[self._key]
+
+    async def _fan_out(self, batch: list[EventRecord]) -> None:
+        """Hands ``batch`` to every subscription of the tail, from this one task.
+
+        Each subscription queues it and resolves the future its parked consumer awaits: one ``set_result`` per
+        consumer, no task or coroutine of its own. After every :data:`FAN_SLICE` subscriptions it yields to the
+        loop, so the consumers woken so far run (and drop what their last wait held) before it wakes more: a
+        commit to a thousand subscriptions neither delays the first consumers behind the last nor piles up a
+        thousand pending wake-ups for the garbage collector to walk. The lag gauge is told once, at the end."""
+        lag_reports: set[Callable[[], None]] = set()
+        loop = asyncio.get_running_loop()
+        for index, subscription in enumerate(list(self._subscriptions)):
+            if index and not index % FAN_SLICE:
+                await asyncio.sleep(0)
+            if subscription._checked:  # the usual case: no coroutine per subscription
+                kept = subscription._deliver(batch, report_lag=False, loop=loop)
+                if subscription._on_lag is not None:
+                    lag_reports.add(subscription._on_lag)
+                if not kept:
+                    subscription._end()
+            else:
+                kept = await subscription._take(batch, self.astore)
+            if not kept:
+                self.leave(subscription)
+        for report in lag_reports:
+            report()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Resolves a parked consumer's future on its own loop (unless it was cancelled meanwhile)."""
+    if not future.done():
+        future.set_result(None)
 
 
 def _on_loop(loop: Any) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 
@@ -62,18 +62,16 @@ class Waiters:
         return self._count
 
     def notify(self, thread_id: str) -> None:
-        """Wakes the waiters of ``thread_id``."""
+        """Wakes the waiters of ``thread_id`` (those of one event loop with one callback on it)."""
         with self._lock:
             waiters = list(self._by_thread.get(thread_id, ()))
-        for wake in waiters:
-            wake.set()
+        set_all(waiters)
 
     def wake_all(self) -> None:
-        """Wakes every waiter."""
+        """Wakes every waiter (those of one event loop with one callback on it)."""
         with self._lock:
             waiters = [wake for group in self._by_thread.values() for wake in group]
-        for wake in waiters:
-            wake.set()
+        set_all(waiters)
 
 
 class Wakeups:
@@ -137,4 +135,26 @@ class LoopWake:
             pass
 
 
-__all__ = ["LoopWake", "Wake", "Waiters", "Wakeups"]
+def set_all(wakes: Iterable[Wake]) -> None:
+    """Sets every wake. The :class:`LoopWake` s of an event loop running on another thread are set by one
+    callback on that loop (one ``call_soon_threadsafe``, one wake-up of its selector, however many wait there)."""
+    here = threading.get_ident()
+    elsewhere: dict[asyncio.AbstractEventLoop, list[LoopWake]] = {}
+    for wake in wakes:
+        if isinstance(wake, LoopWake) and wake._owner != here:
+            elsewhere.setdefault(wake._loop, []).append(wake)
+        else:
+            wake.set()
+    for loop, group in elsewhere.items():
+        try:
+            loop.call_soon_threadsafe(_fire_all, group)
+        except RuntimeError:  # the loop closed: nobody waits any more
+            pass
+
+
+def _fire_all(wakes: list[LoopWake]) -> None:
+    for wake in wakes:
+        wake._fire()
+
+
+__all__ = ["LoopWake", "Wake", "Waiters", "Wakeups", "set_all"]

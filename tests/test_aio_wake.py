@@ -1,0 +1,212 @@
+"""One commit waking many async waiters of one thread (README "asyncio"): the waiters of one position share one
+read of the events, each gets exactly the events after its own position, a cancelled waiter leaves the shared
+read to the others, and an error of that read reaches every waiter; async subscriptions at different positions
+each get exactly their events. Over SQLite and PostgreSQL (and memory for the store-level cases)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from threadloom import Graph, GraphRuntime, InMemoryMeter, MeteredCheckpointer, Step, ThreadDeleted
+from threadloom.domain.values import EventRecord
+from threadloom.persistence.aio import AsyncStore
+from threadloom.persistence.base import Checkpointer
+from threadloom.testing.contract._support import Writer
+from threadloom.testing.harness import MemoryHarness, StoreHarness
+from threadloom.testing.postgres_harness import PgHarness
+from threadloom.testing.sqlite_harness import SqliteHarness
+
+LONG = timedelta(seconds=60)
+WAIT = 20  # seconds: a bound for the test, far above what any step needs
+READS = "threadloom_store_calls_total"
+
+
+def _harness(name: str) -> StoreHarness:
+    return {"memory": MemoryHarness, "sqlite": SqliteHarness, "postgres": PgHarness}[name]()
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def harness(request: pytest.FixtureRequest) -> Iterator[StoreHarness]:
+    made = _harness(request.param)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def durable(request: pytest.FixtureRequest) -> Iterator[StoreHarness]:
+    made = _harness(request.param)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def _waiters(store: Checkpointer) -> int:
+    return store.wakeups().waiters.count()  # type: ignore[attr-defined]
+
+
+def _reads(meter: InMemoryMeter) -> float:
+    return meter.snapshot().counter(READS, op="await_events_after")
+
+
+async def _until(predicate: object, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while not predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def test_waiters_at_different_positions_each_get_exactly_their_events_from_one_read_per_position(
+    harness: StoreHarness,
+) -> None:
+    inner = harness.open()
+    meter = InMemoryMeter()
+    store = MeteredCheckpointer(inner, meter)
+    writer = Writer(store, harness, "t")
+    writer.emit(5)
+    positions = [5] * 30 + [6] * 20 + [7] * 10 + [8] * 5  # the commit brings 6, 7, 8: those at 8 wait on
+
+    async def scenario() -> None:
+        aio = AsyncStore(store, own_store=False, max_workers=4)
+        tasks = [asyncio.create_task(aio.await_events_after("t", after, 100, LONG)) for after in positions]
+        await _until(lambda: _waiters(inner) == len(positions), "every waiter to register")
+        await _until(lambda: not aio._reads, "the first reads to end")
+        before = _reads(meter)
+        records = await asyncio.to_thread(writer.emit, 3)
+        assert [record.seq for record in records] == [6, 7, 8]
+        woken = [(task, after) for task, after in zip(tasks, positions, strict=True) if after < 8]
+        results = await asyncio.wait_for(asyncio.gather(*(task for task, _ in woken)), WAIT)
+        for (_, after), got in zip(woken, results, strict=True):
+            assert got == [record for record in records if record.seq > after]
+        assert len({id(got) for got in results}) == len(results)  # each waiter's own list
+        # One read per woken position, not one per waiter (a spurious wake may add a round; never 60 reads).
+        assert 3 <= _reads(meter) - before < 20
+        waiting = [task for task, after in zip(tasks, positions, strict=True) if after == 8]
+        assert not any(task.done() for task in waiting)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert _waiters(inner) == 0 and not aio._reads
+        await aio.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_the_shared_read_to_the_others_and_the_store_stays_usable(
+    harness: StoreHarness,
+) -> None:
+    store = harness.open()
+    writer = Writer(store, harness, "t")
+    writer.emit(2)
+
+    async def scenario() -> None:
+        aio = AsyncStore(store, own_store=False, max_workers=1)
+        tasks = [asyncio.create_task(aio.await_events_after("t", 2, 100, LONG)) for _ in range(10)]
+        await _until(lambda: _waiters(store) == 10 and not aio._reads, "every waiter to wait")
+        gate = threading.Event()
+        blocker = asyncio.create_task(aio.call(gate.wait, WAIT))  # the pool's one thread is busy
+        records = await asyncio.to_thread(writer.emit, 2)
+        await _until(lambda: len(aio._reads) == 1, "the woken waiters to share a read")
+        shared = next(iter(aio._reads.values()))
+        await _until(lambda: shared.waiters == 10, "every woken waiter to join the read")
+        for task in tasks[:3]:
+            task.cancel()
+        await asyncio.gather(*tasks[:3], return_exceptions=True)
+        assert all(task.cancelled() for task in tasks[:3])
+        gate.set()
+        assert await blocker is True
+        assert await asyncio.wait_for(asyncio.gather(*tasks[3:]), WAIT) == [records] * 7
+        # Every waiter of a read still queued cancelled: the read is dropped, the next wait reads afresh.
+        gate.clear()
+        blocker = asyncio.create_task(aio.call(gate.wait, WAIT))
+        lone = [asyncio.create_task(aio.await_events_after("t", 0, 100, LONG)) for _ in range(3)]
+        await _until(lambda: len(aio._reads) == 1, "the waiters to share a read")
+        for task in lone:
+            task.cancel()
+        await asyncio.gather(*lone, return_exceptions=True)
+        gate.set()
+        await blocker
+        await _until(lambda: not aio._reads, "the cancelled read to end")
+        assert await aio.await_events_after("t", 0, 100, LONG) == store.events_after("t", 0, 100)
+        assert _waiters(store) == 0
+        await aio.close()
+
+    asyncio.run(scenario())
+    assert not store.closed
+
+
+def test_an_error_of_the_shared_read_reaches_every_waiter(harness: StoreHarness) -> None:
+    inner = harness.open()
+    meter = InMemoryMeter()
+    store = MeteredCheckpointer(inner, meter)
+    writer = Writer(store, harness, "t")
+    writer.emit(3)
+
+    async def scenario() -> None:
+        aio = AsyncStore(store, own_store=False, max_workers=4)
+        tasks = [asyncio.create_task(aio.await_events_after("t", 3, 100, LONG)) for _ in range(40)]
+        await _until(lambda: _waiters(inner) == 40 and not aio._reads, "every waiter to wait")
+        before = _reads(meter)
+        await asyncio.to_thread(writer.delete)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT)
+        assert all(isinstance(result, ThreadDeleted) and result.thread_id == "t" for result in results)
+        assert _reads(meter) - before < 10  # the waiters shared the read that failed
+        assert _waiters(inner) == 0
+        await aio.close()
+
+    asyncio.run(scenario())
+
+
+def _tick_graph() -> Graph:
+    async def tick(state: dict[str, int], ctx: object) -> Step:
+        ctx.emit("tick", {"n": state.get("n", 0)})  # type: ignore[attr-defined]
+        return Step.end(state)
+
+    return Graph("tick", {"tick": tick}, entry="tick")
+
+
+def test_async_subscriptions_at_different_positions_each_get_exactly_their_events(durable: StoreHarness) -> None:
+    store = durable.open()
+    runtime = GraphRuntime(store, node_id="wake")
+    graph = _tick_graph()
+    starts = [0, 1, 2, 3] * 25
+
+    async def host() -> None:
+        await (await runtime.astart("t1", graph, {"n": 1}))  # events 1..3
+        subscriptions = [runtime.subscribe("t1", after) for after in starts]
+        received: list[list[EventRecord]] = [[] for _ in subscriptions]
+
+        async def consume(index: int) -> None:
+            async for event in subscriptions[index]:
+                received[index].append(event)
+
+        consumers = [asyncio.create_task(consume(index)) for index in range(len(subscriptions))]
+        await _until(lambda: all(len(got) == 3 - after for got, after in zip(received, starts, strict=True)), "replays")
+        stray = asyncio.create_task(consume(0))  # a second consumer of one subscription, cancelled while parked
+        await asyncio.sleep(0.01)
+        stray.cancel()
+        await asyncio.gather(stray, return_exceptions=True)
+        await (await runtime.astart("t1", graph, {"n": 2}))  # events 4..6, one commit each turn
+        await _until(lambda: all(len(got) == 6 - after for got, after in zip(received, starts, strict=True)), "events")
+        log = store.events_after("t1", 0, 100)
+        assert [event.seq for event in log] == [1, 2, 3, 4, 5, 6]
+        for got, after in zip(received, starts, strict=True):
+            assert got == log[after:]
+        assert len(runtime._tails) == 1  # one watch of the thread on this loop for the hundred
+        for subscription in subscriptions:
+            subscription.cancel()
+        await asyncio.wait_for(asyncio.gather(*consumers), WAIT)
+        assert runtime._tails == {}
+
+    try:
+        asyncio.run(host())
+    finally:
+        runtime.close()
