@@ -89,7 +89,7 @@ LAZY_COMMANDS: dict[str, LazyCommand] = {
     "events": LazyCommand("threadloom.cli.read:events", "Print THREAD's numbered events after --after, oldest first."),
     "queue": LazyCommand(
         "threadloom.cli.queue:queue",
-        "See and act on the run queue: list entries, retry a failed one, cancel an open one.",
+        "See and act on the run queue: list entries, enqueue a run, retry a failed one, cancel an open one.",
     ),
     "recover": LazyCommand(
         "threadloom.cli.thread_ops:recover",
