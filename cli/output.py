@@ -272,8 +272,9 @@ class CliState:
                 path = sqlite_file(self.store_url)
                 if path is not None and not create and not os.path.exists(path):
                     raise CliError(
-                        f"no store at {os.path.abspath(path)!r}; run a command that writes (such as "
-                        f"'threadloom demo --store sqlite:///{path}'), or check the path",
+                        f"no store at {os.path.abspath(path)!r}; check the path, or create one: 'threadloom "
+                        f"--store sqlite:///{path} serve --graph module:attr' (a worker), 'queue enqueue', 'demo', or "
+                        "open_store(...) from Python",
                         kind="StoreNotFound",
                     )
                 options = self._postgres_options(create)

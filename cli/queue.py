@@ -36,8 +36,8 @@ CANCEL_REASON = "cancelled by an operator"
 """The ``error`` text of an entry ``queue cancel`` finished, before the optional ``--reason``."""
 
 
-def _queue(state: CliState, *, read_only: bool) -> RunQueue:
-    store = state.store(read_only=read_only)
+def _queue(state: CliState, *, read_only: bool, create: bool = False) -> RunQueue:
+    store = state.store(read_only=read_only, create=create)
     try:
         return queue_of(store)
     except Exception as error:
@@ -231,7 +231,8 @@ def enqueue(
 ) -> None:
     """Add an open entry asking a worker ('threadloom serve') for a run of --graph on THREAD with --input.
 
-    Refused (exit 2, nothing written): input that is not JSON, a bad thread, graph or tenant id. Running the
+    A store that does not exist yet is created. Refused (exit 2, nothing written): input that is not JSON, a bad
+    thread, graph or tenant id. Running the
     command again after a failure may add a second entry (entries have no idempotency key): check with
     'queue list' first.
     """
@@ -240,7 +241,7 @@ def enqueue(
         value = json.loads(input_text, parse_constant=_no_constant)
     except ValueError as error:
         raise CliError(f"--input is not a JSON value: {error}", EXIT_USAGE, kind="ValidationError") from None
-    q = _queue(state, read_only=False)
+    q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))
     if state.json_output:
         state.emit({"entry": entry_json(entry, _now())})

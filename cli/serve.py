@@ -10,6 +10,10 @@ metrics are (a JSON object with ``--json``).
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -73,7 +77,7 @@ def serve(
     if node_id is not None:
         v.check_id("node_id", node_id)
     graphs = _graphs(graph_specs)
-    store: Checkpointer = state.store()
+    store: Checkpointer = state.store(create=True)  # a worker may start before anything was enqueued
     if not isinstance(getattr(store, "queue", None), RunQueue):
         raise CliError(f"the store {state.safe_url!r} has no run queue")
     endpoint = None
@@ -97,7 +101,7 @@ def serve(
         store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
     try:
         runtime = GraphRuntime(store, node_id=node_id, meter=meter)
-        with runtime:
+        with runtime, _stop_before_serving():
             served = sorted(graph.graph_id for graph in graphs)
             line: dict[str, Any] = {
                 "serving": served,
@@ -124,6 +128,30 @@ def serve(
     finally:
         if endpoint is not None:
             endpoint.close()
+
+
+class _StoppedBeforeServing(Exception):
+    """SIGTERM arrived after the "serving" line and before ``serve`` handled signals itself: nothing runs yet."""
+
+
+@contextlib.contextmanager
+def _stop_before_serving() -> Iterator[None]:
+    """From the "serving" line on, a SIGTERM stops the worker cleanly (exit 0), also in the moment before
+    ``GraphRuntime.serve`` installs its own handlers (it puts this one back when it returns)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _StoppedBeforeServing(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except _StoppedBeforeServing:
+        structlog.get_logger("threadloom.cli").info("serve.stopped", before="serving")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 __all__ = ["serve"]

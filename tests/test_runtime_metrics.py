@@ -23,12 +23,14 @@ from typing import Any
 import pytest
 
 from threadloom import (
+    CheckpointStatus,
     ClaimPolicy,
     Graph,
     GraphRuntime,
     ManualClock,
     RunFailed,
     ServePolicy,
+    SqliteCheckpointer,
     StaleClaim,
     Step,
     WatchPolicy,
@@ -383,3 +385,45 @@ def test_stats_runtime_refuses_a_bad_target_and_store_options(tmp_path: Path) ->
     mixed = CliRunner().invoke(cli, ["--store", url, "stats", "--runtime", "127.0.0.1:9", "--thread", "t"])
     assert mixed.exit_code == 2 and "takes no --tenant or --thread" in mixed.output
     assert not list(tmp_path.iterdir())  # the store was not opened
+
+
+def test_the_command_line_alone_enqueues_and_serves_on_a_new_sqlite_file(tmp_path: Path) -> None:
+    """Found by a new user: ``queue enqueue`` and ``serve`` refused a store that did not exist yet, and the error
+    advised ``demo`` (which fills it with demo runs). Both write, so both create it; real processes."""
+    (tmp_path / "smallgraph.py").write_text(GRAPH_MODULE)
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    enqueued = subprocess.run(
+        [sys.executable, "-m", "threadloom", "--store", url, "--json", "queue", "enqueue", "t1", "--graph", "small",
+         "--input", '{"n": 1}'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert enqueued.returncode == 0, enqueued.stderr
+    assert json.loads(enqueued.stdout)["entry"]["status"] == "open"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--store", f"sqlite:///{tmp_path / 'other.db'}", "serve", "--graph",
+         "smallgraph:graph"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert worker.stdout.readline().startswith("serving small from "), worker.stderr.read()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    assert (tmp_path / "other.db").exists()  # the worker created its store before anything was enqueued
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--store", url, "serve", "--graph", "smallgraph:graph"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        store = SqliteCheckpointer.open(str(tmp_path / "new.db"), read_only=True)
+        try:
+            deadline = time.monotonic() + 30
+            while (latest := store.latest("t1")) is None or latest.checkpoint.status is not CheckpointStatus.COMPLETED:
+                assert time.monotonic() < deadline and worker.poll() is None, worker.stderr.read()
+                time.sleep(0.1)
+            assert latest.checkpoint.state == {"n": 1, "a": True, "b": True}
+        finally:
+            store.close()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
