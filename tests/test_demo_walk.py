@@ -144,3 +144,23 @@ def test_the_walk_demo_refuses_what_it_cannot_run() -> None:
     assert metrics.exit_code == 2 and "--metrics-port" in metrics.output
     listed = runner.invoke(cli, ["--help"])
     assert "demo-walk-worker" not in listed.output
+
+
+def test_the_audit_of_a_rerun_on_the_same_store_judges_earlier_threads_by_their_own_tenant(tmp_path: Any) -> None:
+    """Found by a new user: ``demo --walk`` run a second time on one schema counted the first run's threads, which
+    its tenants' exports rightly return, as cross-tenant reads ("acme read chat-…-0001 of None")."""
+    url = f"sqlite:///{tmp_path / 'rerun.db'}"
+    earlier = WalkPlan(threads=6, prefix="chat-aaa", graph_id="demo-aaa")
+    later = WalkPlan(threads=6, prefix="chat-bbb", graph_id="demo-bbb")
+    v2_access = release_access("v2")
+    store = open_store(url, access=v2_access)
+    try:
+        fill_v1(store, earlier)
+        owners = fill_v1(store, later)
+        audit(store, v2_access, later.graph_id, owners, TENANTS)  # the follower stamps what tenant reads touch
+        found = audit(store, v2_access, later.graph_id, owners, TENANTS)
+        assert found.clean and found.cross_tenant == 0, found.examples
+        exported = {t.thread_id for t in store.export_tenant("acme", limit=100).threads}
+        assert any(t.startswith("chat-aaa") for t in exported)  # the earlier run's threads were in the export
+    finally:
+        store.close()

@@ -188,6 +188,13 @@ def _all_history(store: Any, thread_id: str, tenant: str | None) -> tuple[list[A
         before = page[-1].id
 
 
+def _owner(store: Any, thread_id: str) -> str | None:
+    """The tenant of a thread this demo did not write (an earlier run's on the same store, another program's): the
+    one its latest checkpoint names, as the store's own tenant reads judge it."""
+    latest = store.latest(thread_id)
+    return None if latest is None else latest.checkpoint.tenant_id
+
+
 def audit(
     store: Any, access: AccessSchemas, graph_id: str, owners: dict[str, str], tenants: Iterable[str]
 ) -> AuditResult:
@@ -197,7 +204,8 @@ def audit(
         store: the store, opened with ``access`` (a SQLite or PostgreSQL store, or a wrapper of one).
         access: the current declarations: ``access.for_graph(graph_id)`` is the schema every row must carry.
         graph_id: the demo's graph kind.
-        owners: thread id -> its tenant (as written).
+        owners: thread id -> its tenant (as written). A tenant's export may also hold threads not in ``owners``
+            (written before, on the same store): each is judged by the tenant its latest checkpoint names.
         tenants: every tenant to read as.
 
     Returns:
@@ -240,10 +248,11 @@ def audit(
             for thread in page.threads:
                 seen.add(thread.thread_id)
                 foreign = [cp for cp in thread.checkpoints if cp.tenant_id != tenant]
-                if owners.get(thread.thread_id) != tenant:
+                owner = owners[thread.thread_id] if thread.thread_id in owners else _owner(store, thread.thread_id)
+                if owner != tenant:
                     cross += 1 + len(thread.checkpoints) + len(thread.events)
                     if len(examples) < 5:
-                        examples.append(f"{tenant} read {thread.thread_id} of {owners.get(thread.thread_id)} (export)")
+                        examples.append(f"{tenant} read {thread.thread_id} of {owner} (export)")
                 elif foreign:
                     cross += len(foreign)
                     if len(examples) < 5:
