@@ -150,9 +150,9 @@ class AccessContract(abc.ABC):
         """
 
     @abc.abstractmethod
-    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int) -> TenantExportPage:
+    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
         """A page of the tenant's threads (those whose latest checkpoint names the tenant), ascending by id after
-        ``after``, at most ``limit`` (1..100) of them, each with its checkpoints, pending writes, events and effect
+        ``after``, at most ``limit`` (1..100, default 10) of them, each with its checkpoints, pending writes, events and effect
         records, each row checked as :meth:`tenant_history` checks it. A thread's rows are read whole: the page's
         size is bounded by ``limit`` threads, not by rows (README "Limits")."""
 
@@ -244,7 +244,7 @@ class AccessStore(AccessContract):
             lambda: self._checked(thread_id, tenant_id, lambda: self._stamped_events(thread_id, after_seq, limit)),
         )
 
-    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int) -> TenantExportPage:
+    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
         v.check_optional_id("tenant_id", tenant_id)
         v.check_optional_id("after", after)
         v.check_int("limit", limit, low=1, high=MAX_EXPORT_THREADS)

@@ -238,7 +238,7 @@ class ForwardingCheckpointer(Checkpointer):
     ) -> list[EventRecord]:
         return self._forward("tenant_events_after", thread_id, tenant_id, after_seq, limit)
 
-    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int) -> TenantExportPage:
+    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
         return self._forward("export_tenant", tenant_id, after=after, limit=limit)
 
 

@@ -115,8 +115,8 @@ def migrate(db: Database, target: str) -> None:
                         raise ProcessingError(
                             "open",
                             f"schema {config.schema!r} at {target} is not a threadloom store (nothing was "
-                            "created); check the schema, or create it (the CLI's 'serve', 'queue enqueue' or 'demo', or open_store "
-                            "from Python)",
+                            "created); check the schema, or create it (the CLI's 'serve', 'queue enqueue' or "
+                            "'demo', or open_store from Python)",
                         ) from None
                 ms = config.call_timeout_ms
                 with conn.transaction():
