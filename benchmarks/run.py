@@ -3,7 +3,7 @@
 Usage (from a clone, with the package installed)::
 
     python benchmarks/run.py                 # every section (about 2 minutes)
-    python benchmarks/run.py --quick         # the same rows on smaller data (under 20 seconds)
+    python benchmarks/run.py --quick         # the same rows on smaller data (about a minute)
     python benchmarks/run.py --only sqlite   # one section (repeat --only for several)
 
 Sections are the modules ``benchmarks/bench_<name>.py`` that define ``SECTION`` (see ``benchlib.py``); a new
@@ -95,7 +95,7 @@ def _console(stderr: bool = False) -> Console:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--quick", is_flag=True, help="Smaller data and shorter measurements (under 20 seconds).")
+@click.option("--quick", is_flag=True, help="Smaller data and shorter measurements (about a minute).")
 @click.option("--only", "only", multiple=True, metavar="SECTION", help="Run only this section (repeatable).")
 @click.option("--seconds", type=click.FloatRange(min=0.05), default=None, help="Seconds per throughput measurement.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
