@@ -165,6 +165,17 @@ def test_a_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> N
     assert back.sealed_json() == cp.sealed_json()  # encoded again, validated, when written back
 
 
+@given(tls.checkpoints(), st.booleans())
+def test_the_fast_and_the_strict_checkpoint_readers_agree(cp: Checkpoint, reorder: bool) -> None:
+    text = codec.encode_checkpoint(cp)
+    if reorder:  # another key order, white space: still the same row
+        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
+    fast = codec.decode_checkpoint(text, cp.thread_id)
+    strict = codec._decode_checkpoint_strictly(text, cp.thread_id)
+    assert fast == strict == cp
+    assert json.dumps(fast.state) == json.dumps(strict.state)  # the same types (ints stay ints)
+
+
 # -- damaged rows ------------------------------------------------------------------------------------------------------
 
 _GOOD_CHECKPOINT = json.loads(
@@ -208,6 +219,9 @@ DAMAGED = [
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent": "p"}), id="checkpoint-bad-origin"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": 1}), id="checkpoint-bad-metadata"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=0), id="checkpoint-bad-token"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=2**63), id="checkpoint-huge-token"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, graph_id=""), id="checkpoint-empty-graph"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent_thread": ""}), id="checkpoint-bad-origin-id"),
     pytest.param(codec.decode_event, "", id="event-empty"),
     pytest.param(codec.decode_event, _with(_GOOD_EVENT, timestamp=None), id="event-null-time"),
     pytest.param(codec.decode_event, _with(_GOOD_EVENT, surprise=1), id="event-unknown-field"),

@@ -29,7 +29,8 @@ How a call runs:
   LEVEL READ COMMITTED`` and ``SET LOCAL`` of the limits before the statement (client-side binding, no
   server-side prepared statements: fit for transaction-mode poolers).
 * A read is one statement in a ``REPEATABLE READ READ ONLY`` transaction: ``SET TRANSACTION`` and the
-  ``SELECT`` in one message.
+  ``SELECT`` in one message; with a pool of the store's own, a read that is one ``SELECT`` (``latest``,
+  ``checkpoint``, ``history``) is a single prepared statement, as a write is (one statement reads one snapshot).
 * The watchdog enforces the client-side deadline (``call_timeout`` plus a margin) and a call's ``cancel``: it
   aborts the call's connection, which is then discarded, never returned to the pool.
 """
@@ -254,6 +255,7 @@ class Database:
         write: bool,
         cancel: threading.Event | None = None,
         rollback: bool = False,
+        single: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Runs one rendered statement as one transaction in one round trip and returns its rows.
 
@@ -267,6 +269,9 @@ class Database:
             cancel: aborts the call when set (its connection is discarded).
             rollback: run the statement in a transaction that is rolled back: its rows, nothing changed (a dry
                 run of a write).
+            single: (a read) the statement is one ``SELECT`` that reads one snapshot by itself: on the store's own
+                pool it runs as a prepared statement on its own, as a write does (no ``SET TRANSACTION`` before it,
+                no parse or plan per call).
 
         Raises:
             ThreadloomError: the mapped failure (see :mod:`~threadloom.persistence.postgres.errors`).
@@ -290,6 +295,10 @@ class Database:
                 if binary is None:  # binary parameters: bodies are sent as they are, never escaped
                     binary = self._binary[statement] = statement.replace("%s", "%b")
                 cur = conn.execute(binary, params, prepare=True, binary=True)
+                answered = True
+                rows = cur.fetchall()
+            elif single and self.owns_pool:  # one prepared SELECT: one snapshot whatever the isolation level
+                cur = conn.execute(statement, params, prepare=True)
                 answered = True
                 rows = cur.fetchall()
             else:
