@@ -97,7 +97,7 @@ _NEW_CHECKPOINT = trusted_builder(Checkpoint)
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=v.MAX_ID_LENGTH)]
 
 
-class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True):
+class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # short-lived: in no cycle
     """A stored checkpoint's fields as the fast reader takes them: exactly these keys (none has a default), of
     these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1. It takes a subset of what
     :func:`_decode_checkpoint_strictly` does, and reads it to the same values."""
@@ -135,7 +135,8 @@ def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
             origin = _checked(CheckpointOrigin(**origin))
         return _NEW_CHECKPOINT(
             row.id, parent, row.thread_id, row.run_id, row.status, from_micros(row.created_at), row.state,
-            row.graph_id, tenant_id, row.fencing_token, origin, v.check_str_map("metadata", row.metadata),
+            row.graph_id, tenant_id, row.fencing_token, origin,
+            v.check_str_map("metadata", metadata) if (metadata := row.metadata) else metadata,
         )
     except _DAMAGE as error:
         raise _corrupt("checkpoint", thread_id, error) from error
