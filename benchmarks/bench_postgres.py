@@ -31,7 +31,9 @@ Every commit rewrites the thread's row and replaces its pending writes, so that 
 dead row versions behind until autovacuum comes by: ``latest`` is first measured right after the burst (reported),
 then both reads after ``VACUUM (ANALYZE)`` of the schema, the state autovacuum keeps a database in (goal: flat).
 ``history(limit=100)`` is also put against the raw ``SELECT body … ORDER BY pos DESC LIMIT 100`` of the same rows
-on a plain psycopg connection (the text fetched, nothing decoded), at 100 and at 10,000 checkpoints (goal ≤ 2×).
+on a plain psycopg connection (the text fetched, nothing decoded), at 100 and at 10,000 checkpoints (goal ≤ 2×),
+and the same raw SELECT followed by a JSON parse of each body into plain values is reported against it (the floor
+of any reader that builds Python values of the rows).
 """
 
 from __future__ import annotations
@@ -485,6 +487,8 @@ def _vacuum(run: _Run) -> None:
 
 
 def _latency_rows(run: _Run, settings: Settings) -> list[Row]:
+    from threadloom.persistence.codec import loads
+
     small, big = 100, (2_000 if settings.quick else 10_000)
     samples = 200 if settings.quick else 1_000
     short, long_ = run.name("short"), run.name("long")
@@ -529,6 +533,19 @@ def _latency_rows(run: _Run, settings: Settings) -> list[Row]:
                     baseline_label=f"raw SELECT body … LIMIT 100 (psycopg, no decoding), {size:,}-checkpoint thread",
                     met=ours <= RAW_READ_GOAL * baseline if baseline else None,
                 ))
+            parsed, baseline = paired_median_us(  # the floor of any reader building Python values of the rows
+                lambda: [loads(row[0]) for row in raw.execute(RAW_HISTORY, (long_,)).fetchall()],
+                lambda: raw.execute(RAW_HISTORY, (long_,)).fetchall(),
+                samples, budget_s=2 * settings.seconds,
+            )
+            rows.append(Row(
+                section="postgres",
+                measure=f"raw SELECT … LIMIT 100 + JSON parse of each body, {big:,}-checkpoint thread",
+                value=parsed, baseline=baseline, unit="µs", goal="report",
+                baseline_label=f"raw SELECT body … LIMIT 100 (psycopg, no decoding), {big:,}-checkpoint thread",
+                note=("postgres reads: the JSON parse row is the store's own C reader (codec.loads) building plain "
+                      "values of the 100 bodies, no checkpoint: the floor under history(limit=100)'s ratio."),
+            ))
     finally:
         store.close()
     return rows

@@ -24,7 +24,7 @@ def to_micros(when: datetime) -> int:
 
 def from_micros(micros: int) -> datetime:
     """Integer microseconds since :data:`EPOCH` as an aware UTC datetime."""
-    return EPOCH + timedelta(microseconds=micros)
+    return EPOCH + timedelta(0, 0, micros)  # positional: the same timedelta, built faster
 
 
 def duration_micros(duration: timedelta) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -42,6 +42,26 @@ def trusted(cls: type[_T], **fields: Any) -> _T:
         object.__setattr__(value, "_json", None)
         object.__setattr__(value, "_seal", ())
     return value
+
+
+def trusted_builder(cls: type[_T]) -> Callable[..., _T]:
+    """A function building ``cls`` as :func:`trusted` does, from its public fields given positionally in their
+    declaration order: the same value, built faster (for stores decoding many rows).
+
+    ``cls`` must be a slotted attrs class (every value class here is).
+    """
+    names = [field.name for field in attrs.fields(cls) if not field.name.startswith("_")]  # type: ignore[arg-type]
+    tail: tuple[Any, ...] = (None, ()) if issubclass(cls, _Sealed) else ()
+    setters = tuple(vars(cls)[name].__set__ for name in (*names, *(("_json", "_seal") if tail else ())))
+    new = object.__new__
+
+    def build(*values: Any) -> _T:
+        value = new(cls)
+        for put, item in zip(setters, values + tail, strict=True):
+            put(value, item)
+        return value
+
+    return build
 
 
 def intact(seal: tuple[Any, ...], fields: tuple[Any, ...]) -> bool:

@@ -152,9 +152,9 @@ class AccessContract(abc.ABC):
     @abc.abstractmethod
     def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
         """A page of the tenant's threads (those whose latest checkpoint names the tenant), ascending by id after
-        ``after``, at most ``limit`` (1..100, default 10) of them, each with its checkpoints, pending writes, events and effect
-        records, each row checked as :meth:`tenant_history` checks it. A thread's rows are read whole: the page's
-        size is bounded by ``limit`` threads, not by rows (README "Limits")."""
+        ``after``, at most ``limit`` (1..100, default 10) of them, each with its checkpoints, pending writes, events
+        and effect records, each row checked as :meth:`tenant_history` checks it. A thread's rows are read whole:
+        the page's size is bounded by ``limit`` threads, not by rows (README "Limits")."""
 
 
 class AccessStore(AccessContract):

@@ -269,7 +269,9 @@ class AsyncStore:
     ) -> list[EventRecord]:
         return await self._run(self._store.tenant_events_after, thread_id, tenant_id, after_seq, limit)
 
-    async def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
+    async def export_tenant(
+        self, tenant_id: str | None, *, after: str | None = None, limit: int = 10
+    ) -> TenantExportPage:
         return await self._run(self._store.export_tenant, tenant_id, after=after, limit=limit)
 
     async def await_events_after(

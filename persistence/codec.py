@@ -3,17 +3,20 @@
 Every value is encoded as compact JSON text and decoded on read, so nothing returned aliases stored state and
 nothing executable is ever stored or loaded. Times are integer microseconds since the Unix epoch (UTC).
 A stored row that does not decode raises :class:`StoreCorrupt` naming the thread. Reads decode the store's own
-text without validating it again (:func:`~threadloom.domain.values.trusted`).
+text without validating it again (:func:`~threadloom.domain.values.trusted_builder`), through a C JSON reader
+(msgspec) that yields exactly the values ``json.loads`` would.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
+import msgspec
 
 from threadloom.domain import validation as v
 from threadloom.domain.clock import from_micros, to_micros  # one definition (re-exported)
@@ -27,6 +30,7 @@ from threadloom.domain.values import (
     EventRecord,
     PendingWrite,
     trusted,
+    trusted_builder,
 )
 from threadloom.persistence import encoded
 
@@ -36,9 +40,17 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+_FAST_LOADS = msgspec.json.Decoder().decode
+
+
 def loads(text: str) -> Any:
-    """The JSON value of ``text``."""
-    return json.loads(text)
+    """The JSON value of ``text``, exactly as ``json.loads`` reads it (strict: one JSON value, white space around it
+    allowed): a C reader takes what it can, ``json.loads`` decides what it refuses (a lone surrogate escape, NaN,
+    an overflowing float, nesting it does not follow), so the value, or the error, is ``json.loads``'s."""
+    try:
+        return _FAST_LOADS(text)
+    except (ValueError, RecursionError):
+        return json.loads(text)
 
 
 _CHECKPOINT_KEYS = frozenset(
@@ -75,43 +87,91 @@ def encode_checkpoint(cp: Checkpoint) -> str:
 _STATUSES = {status.value: status for status in CheckpointStatus}
 
 
-def _row(text: str) -> Any:
-    """The JSON value of a stored row's text (strict: the whole text is one JSON value)."""
-    try:
-        value, end = v.scan_own(text)
-    except StopIteration:  # not a JSON value at the start (or leading white space): the strict reader decides
-        return loads(text)
-    return value if end == len(text) else loads(text)
+_CHECKPOINT_FIELDS = operator.itemgetter(
+    "id", "parent", "thread_id", "run_id", "status", "created_at", "state", "graph_id", "tenant_id", "fencing_token",
+    "origin", "metadata",
+)
+_NEW_CHECKPOINT = trusted_builder(Checkpoint)
+
+
+_Id = Annotated[str, msgspec.Meta(min_length=1, max_length=v.MAX_ID_LENGTH)]
+
+
+class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # short-lived: in no cycle
+    """A stored checkpoint's fields as the fast reader takes them: exactly these keys (none has a default), of
+    these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1. It takes a subset of what
+    :func:`_decode_checkpoint_strictly` does, and reads it to the same values."""
+
+    id: _Id
+    parent: _Id | None
+    thread_id: _Id
+    run_id: _Id
+    status: CheckpointStatus
+    created_at: int
+    state: Any
+    graph_id: _Id
+    tenant_id: _Id | None
+    fencing_token: Annotated[int, msgspec.Meta(ge=1, le=v.MAX_INT)] | None
+    origin: dict[str, Any] | None
+    metadata: dict[str, str]
+
+
+_READ_CHECKPOINT = msgspec.json.Decoder(_CheckpointRow).decode
 
 
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
     """The checkpoint of ``text`` (the store's own, not validated again but for its ids, times, token and
     metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``."""
-    with _decoding("checkpoint", thread_id):
-        raw = _fields(_row(text), _CHECKPOINT_KEYS)
-        origin = raw["origin"]
+    try:
+        row = _READ_CHECKPOINT(text)
+    except (ValueError, RecursionError):  # not as the fast reader takes it: the strict path decides
+        return _decode_checkpoint_strictly(text, thread_id)
+    parent, tenant_id = row.parent, row.tenant_id
+    if "\x00" in "".join((row.id, parent or "", row.thread_id, row.run_id, row.graph_id, tenant_id or "")):
+        return _decode_checkpoint_strictly(text, thread_id)  # a NUL in an id: refused there, naming the field
+    try:
+        origin = row.origin
         if origin is not None:
             origin = _checked(CheckpointOrigin(**origin))
-        fencing_token = raw["fencing_token"]
+        return _NEW_CHECKPOINT(
+            row.id, parent, row.thread_id, row.run_id, row.status, from_micros(row.created_at), row.state,
+            row.graph_id, tenant_id, row.fencing_token, origin,
+            v.check_str_map("metadata", metadata) if (metadata := row.metadata) else metadata,
+        )
+    except _DAMAGE as error:
+        raise _corrupt("checkpoint", thread_id, error) from error
+
+
+def _decode_checkpoint_strictly(text: str, thread_id: str) -> Checkpoint:
+    """:func:`decode_checkpoint` through :func:`loads` and checks in Python: it decides what the fast reader
+    refuses."""
+    try:
+        raw = loads(text)
+        if type(raw) is not dict or len(raw) != len(_CHECKPOINT_KEYS):
+            _fields(raw, _CHECKPOINT_KEYS)  # raises, naming the fields
+        # As many keys as expected, and each expected one present (else KeyError): exactly the expected keys.
+        (id_, parent, of_thread, run_id, status, created_at, state, graph_id, tenant_id, fencing_token, origin,
+         metadata) = _CHECKPOINT_FIELDS(raw)
+        if origin is not None:
+            origin = _checked(CheckpointOrigin(**origin))
         if fencing_token is not None:
             v.check_int("fencing_token", fencing_token, low=1)
-        parent = raw["parent"]
-        tenant_id = raw["tenant_id"]
-        return trusted(
-            Checkpoint,
-            id=v.check_id("checkpoint.id", raw["id"]),
-            parent=None if parent is None else v.check_id("checkpoint.parent", parent),
-            thread_id=v.check_id("checkpoint.thread_id", raw["thread_id"]),
-            run_id=v.check_id("checkpoint.run_id", raw["run_id"]),
-            status=_STATUSES[raw["status"]],
-            created_at=from_micros(raw["created_at"]),
-            state=raw["state"],
-            graph_id=v.check_id("checkpoint.graph_id", raw["graph_id"]),
-            tenant_id=None if tenant_id is None else v.check_id("checkpoint.tenant_id", tenant_id),
-            fencing_token=fencing_token,
-            origin=origin,
-            metadata=v.check_str_map("metadata", raw["metadata"]),
+        return _NEW_CHECKPOINT(
+            v.check_id("checkpoint.id", id_),
+            None if parent is None else v.check_id("checkpoint.parent", parent),
+            v.check_id("checkpoint.thread_id", of_thread),
+            v.check_id("checkpoint.run_id", run_id),
+            _STATUSES[status],
+            from_micros(created_at),
+            state,
+            v.check_id("checkpoint.graph_id", graph_id),
+            None if tenant_id is None else v.check_id("checkpoint.tenant_id", tenant_id),
+            fencing_token,
+            origin,
+            v.check_str_map("metadata", metadata),
         )
+    except _DAMAGE as error:
+        raise _corrupt("checkpoint", thread_id, error) from error
 
 
 def decode_pending_write(text: str, thread_id: str) -> PendingWrite:
@@ -245,6 +305,18 @@ def decode_metadata(text: str | None, thread_id: str) -> dict[str, str]:
         return raw
 
 
+_DAMAGE = (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)
+"""What decoding a damaged row raises (any other error is not about the row and passes unchanged)."""
+
+
+def _corrupt(what: str, thread_id: str, error: BaseException) -> StoreCorrupt:
+    return StoreCorrupt(
+        "decode",
+        f"a stored {what} of thread {thread_id!r} does not decode ({type(error).__name__}: {error}); the row is "
+        "damaged or was written by an incompatible version",
+    )
+
+
 class _decoding:
     """Turns any failure while decoding a stored row into a ``ProcessingError`` naming the thread."""
 
@@ -256,12 +328,6 @@ class _decoding:
         return None
 
     def __exit__(self, kind: Any, error: Any, _tb: Any) -> Literal[False]:
-        if error is None:
-            return False
-        if isinstance(error, (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)):
-            raise StoreCorrupt(
-                "decode",
-                f"a stored {self.what} of thread {self.thread_id!r} does not decode ({type(error).__name__}: "
-                f"{error}); the row is damaged or was written by an incompatible version",
-            ) from error
+        if isinstance(error, _DAMAGE):
+            raise _corrupt(self.what, self.thread_id, error) from error
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from threadloom.domain.values import (
     EventDraft,
     EventRecord,
     PendingWrite,
+    trusted,
 )
 from threadloom.persistence import codec
 from threadloom.persistence.memory.store import InMemoryCheckpointer
@@ -115,6 +117,65 @@ def test_encoding_refuses_what_json_cannot_hold() -> None:
     assert codec.loads(codec.dumps({"a": ["☃", None]})) == {"a": ["☃", None]}
 
 
+@given(tls.json_values(max_leaves=30))
+def test_loads_reads_what_json_loads_reads(value) -> None:
+    text = codec.dumps(value)
+    back = codec.loads(text)
+    assert back == json.loads(text)
+    assert json.dumps(back) == json.dumps(json.loads(text))  # the same types too (int stays int, -0.0 stays -0.0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "18446744073709551616",  # past 64 bits: an exact int, never a float
+        "-9223372036854775809",
+        "1" * 4300,
+        '{"n": 123456789012345678901234567890, "f": 1.5e300, "z": -0.0, "e": 1E2, "k": 5e-324}',
+        '"\\ud800"',  # a lone surrogate escape
+        '"\\u0000 h\\u00e9 \\ud83d\\ude00"',
+        '{"a": 1, "a": 2}',
+        " \n[1, 2] \t",
+        "NaN",
+        "[-Infinity]",
+        "1e400",  # overflows to infinity
+        "[" * 100 + "]" * 100,
+    ],
+)
+def test_loads_reads_any_text_as_json_loads_does(text: str) -> None:
+    expected = json.loads(text)
+    back = codec.loads(text)
+    assert repr(back) == repr(expected)
+
+
+@pytest.mark.parametrize("text", ["", "1 2", "{", "[1,]", "0123", "'a'", '"\t"', "1" * 4301, "[" * 100_000])
+def test_loads_refuses_what_json_loads_refuses(text: str) -> None:
+    with pytest.raises((ValueError, RecursionError)):
+        json.loads(text)
+    with pytest.raises((ValueError, RecursionError)):
+        codec.loads(text)
+
+
+@given(tls.checkpoints())
+def test_a_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> None:
+    back = codec.decode_checkpoint(codec.encode_checkpoint(cp), cp.thread_id)
+    fields = {name: getattr(back, name) for name in attrs.fields_dict(Checkpoint) if not name.startswith("_")}
+    assert back == trusted(Checkpoint, **fields) == cp
+    assert (back._json, back._seal) == (None, ())
+    assert back.sealed_json() == cp.sealed_json()  # encoded again, validated, when written back
+
+
+@given(tls.checkpoints(), st.booleans())
+def test_the_fast_and_the_strict_checkpoint_readers_agree(cp: Checkpoint, reorder: bool) -> None:
+    text = codec.encode_checkpoint(cp)
+    if reorder:  # another key order, white space: still the same row
+        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
+    fast = codec.decode_checkpoint(text, cp.thread_id)
+    strict = codec._decode_checkpoint_strictly(text, cp.thread_id)
+    assert fast == strict == cp
+    assert json.dumps(fast.state) == json.dumps(strict.state)  # the same types (ints stay ints)
+
+
 # -- damaged rows ------------------------------------------------------------------------------------------------------
 
 _GOOD_CHECKPOINT = json.loads(
@@ -146,12 +207,21 @@ DAMAGED = [
     pytest.param(codec.decode_checkpoint, "[]", id="checkpoint-array"),
     pytest.param(codec.decode_checkpoint, "null", id="checkpoint-null"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id=_DROP), id="checkpoint-missing-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id=_DROP, ids="c1"), id="checkpoint-renamed-key"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, surprise=1), id="checkpoint-unknown-field"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, run_id="r\x00"), id="checkpoint-nul-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": "\x00"}), id="checkpoint-nul-meta"),
+    pytest.param(codec.decode_checkpoint, '{"id": "c1"', id="checkpoint-torn"),
+    pytest.param(codec.decode_checkpoint, '"\\ud800"', id="checkpoint-lone-surrogate"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, status="paused"), id="checkpoint-unknown-status"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at="2026-01-01"), id="checkpoint-text-time"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id="x" * 300), id="checkpoint-overlong-id"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent": "p"}), id="checkpoint-bad-origin"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": 1}), id="checkpoint-bad-metadata"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=0), id="checkpoint-bad-token"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=2**63), id="checkpoint-huge-token"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, graph_id=""), id="checkpoint-empty-graph"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent_thread": ""}), id="checkpoint-bad-origin-id"),
     pytest.param(codec.decode_event, "", id="event-empty"),
     pytest.param(codec.decode_event, _with(_GOOD_EVENT, timestamp=None), id="event-null-time"),
     pytest.param(codec.decode_event, _with(_GOOD_EVENT, surprise=1), id="event-unknown-field"),

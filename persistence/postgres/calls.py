@@ -29,8 +29,8 @@ How a call runs:
   LEVEL READ COMMITTED`` and ``SET LOCAL`` of the limits before the statement (client-side binding, no
   server-side prepared statements: fit for transaction-mode poolers).
 * A read is one statement in a ``REPEATABLE READ READ ONLY`` transaction: ``SET TRANSACTION`` and the
-  ``SELECT`` in one message; a ``prepared`` read (one ``SELECT``, called often) runs on the store's own pool as a
-  write does.
+  ``SELECT`` in one message; a ``prepared`` read (one ``SELECT`` that reads one snapshot by itself:
+  ``latest``, ``checkpoint``, ``history``, a walk's stamp source) runs on the store's own pool as a write does.
 * The watchdog enforces the client-side deadline (``call_timeout`` plus a margin) and a call's ``cancel``: it
   aborts the call's connection, which is then discarded, never returned to the pool.
 """
@@ -256,6 +256,7 @@ class Database:
         cancel: threading.Event | None = None,
         rollback: bool = False,
         prepared: bool = False,
+        single: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Runs one rendered statement as one transaction in one round trip and returns its rows.
 
@@ -273,6 +274,9 @@ class Database:
                 a walk's: on the store's own pool it runs as a write does (one prepared statement with binary
                 parameters, READ COMMITTED), which costs the server and the client about a third of the
                 ``SET TRANSACTION`` message; its errors are a read's.
+            single: (a read) the statement is one ``SELECT`` that reads one snapshot by itself: on the store's own
+                pool it runs as a prepared statement on its own, with text parameters and results (no ``SET
+                TRANSACTION`` before it, no parse or plan per call).
 
         Raises:
             ThreadloomError: the mapped failure (see :mod:`~threadloom.persistence.postgres.errors`).
@@ -296,6 +300,10 @@ class Database:
                 if binary is None:  # binary parameters: bodies are sent as they are, never escaped
                     binary = self._binary[statement] = statement.replace("%s", "%b")
                 cur = conn.execute(binary, params, prepare=True, binary=True)
+                answered = True
+                rows = cur.fetchall()
+            elif single and self.owns_pool:  # one prepared SELECT: one snapshot whatever the isolation level
+                cur = conn.execute(statement, params, prepare=True)
                 answered = True
                 rows = cur.fetchall()
             else:

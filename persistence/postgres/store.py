@@ -457,7 +457,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
     # -- reads -------------------------------------------------------------------------------------------------------
 
     def _latest(self, thread_id: str) -> StoredCheckpoint | None:
-        rows = self._call("latest", thread_id, "LATEST", (thread_id,), write=False)
+        rows = self._call("latest", thread_id, "LATEST", (thread_id,), write=False, single=True)
         if not rows:
             return None
         body, pending = rows[0]
@@ -467,14 +467,19 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         )
 
     def _checkpoint(self, thread_id: str, checkpoint_id: str) -> Checkpoint | None:
-        rows = self._call("checkpoint", thread_id, "CHECKPOINT", (thread_id, checkpoint_id), write=False)
+        rows = self._call(
+            "checkpoint", thread_id, "CHECKPOINT", (thread_id, checkpoint_id), write=False, single=True
+        )
         return codec.decode_checkpoint(rows[0][0], thread_id) if rows else None
 
     def _history(self, thread_id: str, limit: int, before: str | None) -> list[Checkpoint]:
         if before is None:
-            bodies = [row[0] for row in self._call("history", thread_id, "HISTORY", (thread_id, limit), write=False)]
+            rows = self._call("history", thread_id, "HISTORY", (thread_id, limit), write=False, single=True)
+            bodies = [row[0] for row in rows]
         else:
-            rows = self._call("history", thread_id, "HISTORY_BEFORE", (limit, thread_id, before), write=False)
+            rows = self._call(
+                "history", thread_id, "HISTORY_BEFORE", (limit, thread_id, before), write=False, single=True
+            )
             if not rows:
                 raise CheckpointNotFound(thread_id, before)
             bodies = rows[0][0]
