@@ -10,6 +10,7 @@ entry in the wrong state, a live lease without ``--force``) change nothing and e
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from rich.text import Text
 
 from threadloom.cli.output import EXIT_USAGE, CliError, CliState, cell, new_table, printable, state_of
 from threadloom.domain import rules
+from threadloom.domain.validation import MAX_DURATION
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.values import CheckpointStatus
 from threadloom.persistence.queue import RunQueue, cancel_entry, queue_of
@@ -241,6 +243,10 @@ def enqueue(
         value = json.loads(input_text, parse_constant=_no_constant)
     except ValueError as error:
         raise CliError(f"--input is not a JSON value: {error}", EXIT_USAGE, kind="ValidationError") from None
+    except RecursionError:
+        raise CliError("--input nests too deeply to be read", EXIT_USAGE, kind="ValidationError") from None
+    if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
+        raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))
     if state.json_output:

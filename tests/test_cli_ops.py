@@ -645,7 +645,10 @@ def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(
     assert store.queue.lease("w", TTL) is None
     before = backend.dump()
     for bad in (["t", "--graph", "qa", "--input", "{nope"], ["t", "--graph", "qa", "--input", "NaN"],
-                ["", "--graph", "qa"], ["t", "--graph", ""], ["t", "--graph", "qa", "--delay", "-1"], ["t"]):
+                ["", "--graph", "qa"], ["t", "--graph", ""], ["t", "--graph", "qa", "--delay", "-1"], ["t"],
+                ["t", "--graph", "qa", "--input", "[" * 5000 + "]" * 5000],  # found by hostile testing: these four
+                ["t", "--graph", "qa", "--delay", "inf"], ["t", "--graph", "qa", "--delay", "nan"],  # were exit 1
+                ["t", "--graph", "qa", "--delay", "1e300"]):
         refused = run(backend, "queue", "enqueue", *bad)
         assert refused.exit_code == EXIT_USAGE, (bad, refused.output)
     assert backend.dump() == before
