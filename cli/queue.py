@@ -21,8 +21,8 @@ from rich.text import Text
 
 from threadloom.cli.output import EXIT_USAGE, CliError, CliState, cell, new_table, printable, state_of
 from threadloom.domain import rules
-from threadloom.domain.validation import MAX_DURATION
 from threadloom.domain.queue import EntryStatus, QueueEntry
+from threadloom.domain.validation import MAX_DURATION
 from threadloom.domain.values import CheckpointStatus
 from threadloom.persistence.queue import RunQueue, cancel_entry, queue_of
 
