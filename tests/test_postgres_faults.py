@@ -196,6 +196,7 @@ def test_a_migration_waiting_past_the_call_bound_rolls_back_and_tries_again(harn
     finally:
         time.sleep(0.6)  # the timer has let go
         locker.close()
+    drop_schema(harness.dsn, schema)
     retries = [line for line in logs if line["event"] == "store.migrate_retry"]
     assert retries and retries[0]["attempt"] == 1 and retries[0]["schema"] == schema, logs
     assert [line["version"] for line in logs if line["event"] == "store.migrated"] == [migrations()[-1].version]
@@ -221,6 +222,30 @@ def test_a_migration_that_never_gets_its_lock_fails_after_three_tries_with_nothi
     assert [line["attempt"] for line in logs if line["event"] == "store.migrate_retry"] == list(range(1, MIGRATE_TRIES))
     with psycopg.connect(harness.dsn, autocommit=True) as admin:  # every try rolled back whole: no schema at all
         assert admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None
+
+
+def test_a_migration_statement_longer_than_the_call_bound_completes(harness: PgHarness, monkeypatch) -> None:
+    """Found by hostile testing: a migration's statement (an index built over a large store) ran under the call
+    bound, so a large store could never be migrated; it may now run MIGRATE_STATEMENT_TIMEOUT (locks are still
+    waited for at most the call bound per try)."""
+    from structlog.testing import capture_logs
+
+    from threadloom.persistence.postgres import schema as postgres_schema
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+
+    steps = postgres_schema.migrations()
+    slow = postgres_schema.Migration(steps[-1].version + 1, "slow.sql", "SELECT pg_sleep(0.6);")
+    monkeypatch.setattr(postgres_schema, "migrations", lambda: (*steps, slow))
+    schema = new_schema_name()
+    with capture_logs() as logs:
+        store = PostgresCheckpointer.open(harness.dsn, harness.config(schema=schema, call_timeout=timedelta(milliseconds=200)))
+    try:
+        assert store.latest("t") is None
+    finally:
+        store.close()
+    drop_schema(harness.dsn, schema)
+    assert [line["version"] for line in logs if line["event"] == "store.migrated"] == [slow.version]
+    assert not [line for line in logs if line["event"] == "store.migrate_retry"]
 
 
 def test_a_backend_killed_while_open_migrates_is_a_processing_error(harness: PgHarness) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from datetime import timedelta
 from importlib import resources
 
 import attrs
@@ -29,8 +30,12 @@ from threadloom.persistence.postgres.calls import Database
 log = get_logger("threadloom.persistence.postgres.schema")
 
 MIGRATE_TRIES = 3
-"""How many times :func:`migrate` tries its transaction when a lock wait or a statement outlasts the call bound
-(each try rolls back whole; a ``store.migrate_retry`` warning names the try that failed)."""
+"""How many times :func:`migrate` tries its transaction when a lock wait outlasts the call bound (each try rolls
+back whole; a ``store.migrate_retry`` warning names the try that failed)."""
+
+MIGRATE_STATEMENT_TIMEOUT = timedelta(minutes=15)
+"""How long one statement of a migration may run (an index built over a large store's rows), if longer than the
+call bound: a statement that outlasts it fails the open (``StoreUnavailable``, nothing applied)."""
 
 _FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 _INCLUDE = re.compile(r"^\\ir\s+(functions/[a-z0-9_]+\.sql)\s*$", re.MULTILINE)
@@ -79,8 +84,9 @@ def migrate(db: Database, target: str) -> None:
     Raises:
         ProcessingError: the schema holds no store and ``config.create`` is False (nothing was created).
         StoreCorrupt: the schema is at a version newer than this code.
-        StoreUnavailable: the database failed, or each of :data:`MIGRATE_TRIES` tries waited longer than the call
-            bound for a lock or a statement (nothing was applied: a retry is safe).
+        StoreUnavailable: the database failed, each of :data:`MIGRATE_TRIES` tries waited longer than the call
+            bound for a lock, or a statement ran longer than :data:`MIGRATE_STATEMENT_TIMEOUT` (nothing was applied:
+            a retry is safe).
     """
     from psycopg import errors
 
@@ -88,9 +94,11 @@ def migrate(db: Database, target: str) -> None:
     steps = migrations()
     latest = steps[-1].version
     conn, restore = db.checkout("open", None)
-    # Each try may wait one call bound (lock_timeout, statement_timeout); one more bound for the reads around them.
-    deadline = time.monotonic() + (MIGRATE_TRIES + 1) * config.deadline_s
-    watch = db.watchdog.enter(conn, deadline)
+    # Reading the version: the call bounds of the tries. Once a migration is due, each try may also wait one call
+    # bound for its locks, and a statement may run MIGRATE_STATEMENT_TIMEOUT: the watch is widened then.
+    statement_ms = max(config.call_timeout_ms, int(MIGRATE_STATEMENT_TIMEOUT.total_seconds() * 1000))
+    watch = db.watchdog.enter(conn, time.monotonic() + (MIGRATE_TRIES + 1) * config.deadline_s)
+    widened = False
     discard = True
     try:
         for attempt in range(MIGRATE_TRIES):
@@ -119,8 +127,11 @@ def migrate(db: Database, target: str) -> None:
                             "'demo', or open_store from Python)",
                         ) from None
                 ms = config.call_timeout_ms
+                if not widened and db.watchdog.leave(watch) is None:
+                    deadline = time.monotonic() + (MIGRATE_TRIES + 1) * config.deadline_s + statement_ms / 1000
+                    watch, widened = db.watchdog.enter(conn, deadline), True
                 with conn.transaction():
-                    cur.execute(f"SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {ms}")
+                    cur.execute(f"SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {statement_ms}")
                     cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (q.SCHEMA_LOCK_CLASS, config.schema))
                     cur.execute(db.render(q.BOOTSTRAP))
                     cur.execute(db.render(q.VERSION))
@@ -138,11 +149,10 @@ def migrate(db: Database, target: str) -> None:
                 # CREATE SCHEMA/TABLE IF NOT EXISTS raced a creator that does not take our lock: try again.
                 if attempt == MIGRATE_TRIES - 1:
                     raise
-            except (errors.QueryCanceled, errors.LockNotAvailable) as error:
-                # A lock wait or a stall longer than the call bound: the transaction rolled back (nothing applied).
-                # Waiting a bounded time per try keeps live traffic from queueing behind the migration's locks.
-                late = time.monotonic() > deadline - config.deadline_s  # no whole bound left for another try
-                if attempt == MIGRATE_TRIES - 1 or late or conn.closed or conn.broken:
+            except errors.LockNotAvailable as error:
+                # A lock wait longer than the call bound: the transaction rolled back (nothing applied). Waiting a
+                # bounded time per try keeps live traffic from queueing behind the migration's locks.
+                if attempt == MIGRATE_TRIES - 1 or conn.closed or conn.broken:
                     raise
                 log.warning(
                     "store.migrate_retry", op="open", schema=config.schema, attempt=attempt + 1,
