@@ -27,7 +27,7 @@ from threadloom.actors.graph import END_EVENTS
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
 from threadloom.actors.scheduler import Scheduler, Task
-from threadloom.domain.errors import CancelledError, TenantMismatch, ThreadloomError
+from threadloom.domain.errors import CancelledError, ProcessingError, TenantMismatch, ThreadloomError
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.base import Checkpointer
 
@@ -538,7 +538,16 @@ class Tail:
                 self.position = batch[-1].seq
                 await self._fan_out(batch)
         except asyncio.CancelledError:
-            pass
+            # With subscriptions left, the loop is shutting down (``leave`` cancels only an empty tail): end them
+            # with an error, or a consumer on another loop would wait forever (found by hostile testing).
+            stopped = ProcessingError(
+                "subscribe",
+                f"the event loop that delivered thread {self.thread_id!r}'s events stopped; subscribe again after "
+                "the last event you got",
+            )
+            for subscription in list(self._subscriptions):
+                subscription._fail(stopped, store, self.position)
+                subscription._end()
         except Exception as caught:
             failure = (
                 caught if isinstance(caught, ThreadloomError) else ThreadloomError(f"{type(caught).__name__}: {caught}")

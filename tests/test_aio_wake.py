@@ -210,3 +210,45 @@ def test_async_subscriptions_at_different_positions_each_get_exactly_their_event
         asyncio.run(host())
     finally:
         runtime.close()
+
+
+def test_a_subscription_whose_event_loop_ended_ends_with_an_error_instead_of_hanging() -> None:
+    """Found by hostile testing: a subscription that had joined its loop's shared watch, consumed after that loop
+    ended (``asyncio.run`` returned), waited forever. It now gets what was delivered, then an error."""
+    from threadloom import GraphRuntime
+    from threadloom.domain.errors import ProcessingError
+    from threadloom.testing.contract._support import Writer
+    from threadloom.testing.sqlite_harness import SqliteHarness
+
+    harness = SqliteHarness()
+    try:
+        store = harness.open()
+        runtime = GraphRuntime(store, node_id="n")
+        writer = Writer(store, harness, "t")
+        writer.step("c1", events=2)
+
+        async def make():
+            subscription = runtime.subscribe("t")
+            while len(subscription._queue) < 2:  # its replay delivered 1 and 2; it then joins the loop's tail
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            return subscription
+
+        subscription = asyncio.run(make())  # that loop ends here
+        writer.step("c2", events=2)
+
+        async def consume():
+            got = []
+            try:
+                while True:
+                    got.append((await asyncio.wait_for(subscription.__anext__(), 10)).seq)
+            except StopAsyncIteration:
+                return got, "ended"
+            except ProcessingError as error:
+                return got, str(error)
+
+        got, how = asyncio.run(consume())
+        runtime.close()
+        assert got == [1, 2] and "event loop" in how and "stopped" in how, (got, how)
+    finally:
+        harness.cleanup()
