@@ -102,6 +102,7 @@ class Subscription:
         self._adone = threading.Event()
         self._tail: Tail | None = None  # the shared watch this async subscription joined
         self._checked = False  # the tenant check passed (async subscriptions)
+        self._held: list[EventRecord] = []  # events read before the tenant check could pass (see _screen)
 
     def start(self) -> Subscription:
         """Starts the watch's task (once); returns the subscription."""
@@ -185,7 +186,7 @@ class Subscription:
                     self._scheduler.wait(self._cancel, self._scheduler.clock.now() + pause)
                     continue
                 failures = 0
-                if not self._deliver(batch):
+                if not self._deliver(self._screen(batch, checked)):
                     return
                 if batch:
                     after = batch[-1].seq
@@ -248,7 +249,7 @@ class Subscription:
                     await asyncio.sleep(self._retry_note(failures, after, error))
                     continue
                 failures = 0
-                if not self._deliver(batch):
+                if not self._deliver(self._screen(batch, self._checked)):
                     return
                 if batch:
                     after = batch[-1].seq
@@ -300,10 +301,21 @@ class Subscription:
             self._fail(error, astore.store, self._queued_seq)
             self._end()
             return False
-        if self._deliver(batch):
+        if self._deliver(self._screen(batch, self._checked)):
             return True
         self._end()
         return False
+
+    def _screen(self, batch: list[EventRecord], checked: bool) -> list[EventRecord]:
+        """Fails closed: while the tenant check has not passed (the thread has events but no checkpoint yet, so
+        no tenant), its events wait here, undelivered; once it passes they are delivered first, in order (found by
+        hostile testing: they were delivered to any tenant's subscription)."""
+        if not checked:
+            self._held.extend(batch)
+            return []
+        if self._held:
+            batch, self._held = [*self._held, *batch], []
+        return batch
 
     def _deliver(
         self, batch: list[EventRecord], *, report_lag: bool = True, loop: asyncio.AbstractEventLoop | None = None

@@ -252,3 +252,64 @@ def test_a_subscription_whose_event_loop_ended_ends_with_an_error_instead_of_han
         assert got == [1, 2] and "event loop" in how and "stopped" in how, (got, how)
     finally:
         harness.cleanup()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_events_before_the_threads_first_checkpoint_wait_for_the_tenant_check(mode: str) -> None:
+    """Found by hostile testing: a thread with events but no checkpoint (so no tenant yet) had its events delivered
+    to any tenant's subscription. They now wait: the owner's subscription gets them, in order, once a checkpoint
+    names its tenant; another tenant's ends with TenantMismatch having got none."""
+    from threadloom import TenantMismatch
+
+    harness = SqliteHarness()
+    try:
+        store = harness.open()
+        runtime = GraphRuntime(store, node_id="n")
+
+        def consume(thread_id: str, tenant: str) -> tuple[list[int], str]:
+            got: list[int] = []
+            if mode == "sync":
+                subscription = runtime.subscribe(thread_id, tenant_id=tenant)
+                try:
+                    while (event := subscription.get(timedelta(seconds=5))) is not None:
+                        got.append(event.seq)
+                        if event.seq == 4:
+                            break
+                except TenantMismatch:
+                    return got, "mismatch"
+                finally:
+                    subscription.cancel()
+                return got, "ok"
+
+            async def run() -> tuple[list[int], str]:
+                subscription = runtime.subscribe(thread_id, tenant_id=tenant)
+                try:
+                    while True:
+                        event = await asyncio.wait_for(subscription.__anext__(), 5)
+                        got.append(event.seq)
+                        if event.seq == 4:
+                            return got, "ok"
+                except TenantMismatch:
+                    return got, "mismatch"
+                finally:
+                    subscription.cancel()
+
+            return asyncio.run(run())
+
+        for thread_id, tenant, expected in (("t", "acme", ([], "mismatch")), ("u", "globex", ([1, 2, 3, 4], "ok"))):
+            writer = Writer(store, harness, thread_id, tenant="globex")
+            writer.emit(3)  # events under globex's claim, no checkpoint yet
+
+            def commit_checkpoint_soon(writer: Writer = writer) -> None:
+                threading.Event().wait(0.5)
+                writer.step("c1", events=1)  # the thread's first checkpoint, globex's, with event 4
+
+            committer = threading.Thread(target=commit_checkpoint_soon)
+            committer.start()
+            try:
+                assert consume(thread_id, tenant) == expected, tenant
+            finally:
+                committer.join()
+        runtime.close()
+    finally:
+        harness.cleanup()
