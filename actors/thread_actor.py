@@ -14,8 +14,6 @@ its own.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -41,6 +39,7 @@ from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
+from threadloom.actors.node_task import Job, run_async_node, run_chain, run_node
 from threadloom.actors.retention import retain_children
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
 from threadloom.actors.scheduler import Cancellable
@@ -97,6 +96,11 @@ class _Cancel:
 
 
 @attrs.frozen(eq=False)
+class _Ended:
+    """The run ended on its node's thread: the actor stops (it has nothing more to do)."""
+
+
+@attrs.frozen(eq=False)
 class _RetryDue:
     """The pause before repeating a step's commit (the store said ``StoreUnavailable``) ended."""
 
@@ -142,7 +146,9 @@ class ThreadRun:
         self._ended = ended
         self.token: int | None = None
         self.base: Checkpoint | None = None  # the run's latest checkpoint: the parent of its next one
-        self.state: Any = None
+        self.state: Any = None  # the run's state (see _hand_state and _own_state)
+        self._state_text: str | None = None  # its JSON text, when it is the state of a checkpoint this run built
+        self._state_lent = False  # handed to a node as it is: read it back from _state_text
         self.next_node: str | None = None
         self.origin: CheckpointOrigin | None = spec.origin
         self.turn = spec.run_id  # the turn the run belongs to (see admission.Plan.turn)
@@ -158,6 +164,12 @@ class ThreadRun:
         self._retry_timer: Cancellable | None = None
         self._retry_generation = 0
         self._started_at: datetime | None = None
+        self.lock = env.scheduler.lock()
+        """Held by whoever runs the run's logic: the actor for each message, a node's thread finishing its step."""
+        self._on_node_thread = False  # the node's thread is finishing its step: the next node continues there
+        self._next_job: Job | None = None
+        self._cancel_asked = False  # set at once by ask_cancel, from any thread (the _Cancel message comes later)
+        self._async_nodes: dict[str, tuple[Any, bool]] = {}
         self._log = _log.bind(
             thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
         )
@@ -440,7 +452,26 @@ class ThreadRun:
         kind = g.EVENT_RUN_STARTED if plan.mode == "start" else g.EVENT_RUN_RESUMED
         event = self._event(kind, {"graph_id": self.spec.graph.graph_id, "node": plan.next_node}, cp.id)
         self._commit(Commit(token=self.token, checkpoint=cp, events=(event,), fence=self.spec.fence), None)
-        self.base = cp
+        self._keep_state(cp)
+
+    def _keep_state(self, cp: Checkpoint) -> None:
+        """Makes the state of ``cp``, a checkpoint this run built and committed, the run's base and state."""
+        self.base, self.state, self._state_text, self._state_lent = cp, cp.state, cp.sealed_json(), False
+
+    def _hand_state(self) -> Any:
+        """The state the next node gets: the committed checkpoint's own copy as it is, once (its text keeps the
+        state for a FAILED checkpoint, whatever the node does to it), else a fresh copy of the run's state."""
+        if self._state_text is not None and not self._state_lent:
+            self._state_lent = True
+            return self.state
+        return v.copy_json(self._own_state())
+
+    def _own_state(self) -> Any:
+        """The run's state as committed (decoded again from its text once a node was handed it)."""
+        if self._state_lent:
+            assert self._state_text is not None
+            return v.scan_own(self._state_text)[0]
+        return self.state
 
     def _dispatch(self) -> None:
         """Starts the next node as a task off the actor's thread; its end comes back as ``_NodeDone``."""
@@ -472,54 +503,58 @@ class ThreadRun:
             max_json_size=getattr(self.env.store, "max_json_size", None),
         )
         fn = graph.nodes[node]
-        state = v.copy_json(self.state)
-        send = self._send
-
+        state = self._hand_state()
         loop = self.env.loop
-        if loop is not None and is_async_callable(fn):
+        self.in_flight = True
+        if loop is not None and self._is_async(node, fn):
             ctx.is_async = True
+            send = self._send
 
             async def execute_async() -> None:
                 """Runs the async node on the runtime's event loop and tells the actor how it ended."""
-                result: Step | None = None
-                error: BaseException | None = None
-                try:
-                    result = await fn(state, ctx)
-                    if not isinstance(result, Step):
-                        raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
-                    if result.next is not None and result.next not in graph.nodes:
-                        raise ValidationError(
-                            "step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",)
-                        )
-                except asyncio.CancelledError:  # the runtime closed with the node in flight: its step is dropped
-                    result, error = None, CancelledError("run")
-                except Exception as caught:
-                    result, error = None, caught
+                result, error = await run_async_node(fn, state, ctx, graph, node)
                 send(_NodeDone(step, node, ctx, result, error))
 
-            self.in_flight = True
             loop.submit(execute_async())
             return
 
-        def execute() -> None:
-            """Runs the node on a task thread and tells the actor how it ended."""
-            result: Step | None = None
-            error: BaseException | None = None
-            try:
-                result = fn(state, ctx)
-                if inspect.isawaitable(result) and loop is not None:  # a plain function returning a coroutine
-                    ctx.is_async = True
-                    result = loop.run(result)
-                if not isinstance(result, Step):
-                    raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
-                if result.next is not None and result.next not in graph.nodes:
-                    raise ValidationError("step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",))
-            except Exception as caught:
-                result, error = None, caught
-            send(_NodeDone(step, node, ctx, result, error))
+        def execute() -> Job | None:
+            """Runs the node on the calling task thread, then finishes its step there (see :meth:`_finish_step`)."""
+            result, error = run_node(fn, state, ctx, graph, node, loop)
+            return self._finish_step(_NodeDone(step, node, ctx, result, error))
 
-        self.in_flight = True
-        self.env.scheduler.spawn(f"node-{spec.thread_id}", execute)
+        if self._on_node_thread:
+            self._next_job = execute  # the node's thread that finished this step runs the next node as well
+        else:
+            self.env.scheduler.spawn(f"node-{spec.thread_id}", lambda: run_chain(execute))
+
+    def _is_async(self, node: str, fn: Any) -> bool:
+        """Whether ``fn``, the graph's node ``node``, is an ``async def`` node (remembered per node function)."""
+        known = self._async_nodes.get(node)
+        if known is None or known[0] is not fn:
+            known = self._async_nodes[node] = (fn, is_async_callable(fn))
+        return known[1]
+
+    def _finish_step(self, message: _NodeDone) -> Job | None:
+        """Handles a plain node's end on its own task thread, under the run's lock (as the actor would handle a
+        ``_NodeDone``): commits the step and returns the run's next node execution for this thread to run, or None.
+
+        A run that ended here tells its actor, which then stops (as after any message that ended the run).
+        """
+        with self.lock:
+            self._on_node_thread = True
+            try:
+                self.node_done(message)
+            except Exception as error:  # a bug in the run's own code must still end the run cleanly
+                self.crash(error)
+            finally:
+                self._on_node_thread = False
+            job, self._next_job = self._next_job, None
+            finished = self.finished
+        if finished:
+            self._send(_Ended())
+            return None
+        return job
 
     def _record_intent(self, record: EffectRecord) -> None:
         """Commits an effect's intent, fenced by the run's claim. Called on the node's thread, before the
@@ -549,7 +584,7 @@ class ThreadRun:
             self._finish_error(self.lost, release=False)
             return
         events, effects = message.ctx._drain()
-        if message.error is not None and self.cancelled:
+        if message.error is not None and (self.cancelled or self._cancel_asked):
             # Stopping (cancel or close) can make a node fail (a child run it waits for was cancelled too):
             # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
             self._finish_error(CancelledError("run"), release=True)
@@ -575,21 +610,21 @@ class ThreadRun:
         assert step is not None
         status = step.status
         try:
-            cp = self._checkpoint(
-                step=self.step, status=status, state=step.state, next_node=step.next, node=message.node
-            )
+            state, payloads = step.encoded()  # validated and encoded when the node built the step: not again
+            cp = self._checkpoint(step=self.step, status=status, state=state, next_node=step.next, node=message.node)
+            now = self.env.clock.now()
             drafts = list(events)
             drafts += [
                 EventDraft(
                     run_id=self.spec.run_id,
                     type=kind,
-                    timestamp=self.env.clock.now(),
+                    timestamp=now,
                     payload=payload,
                     checkpoint_id=cp.id,
                     task_id=message.ctx.task_id,
                     node_id=message.node,
                 )
-                for kind, payload in step.events
+                for (kind, _payload), payload in zip(step.events, payloads, strict=True)
             ]
             if status is CheckpointStatus.COMPLETED:
                 drafts.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, message.node))
@@ -612,11 +647,12 @@ class ThreadRun:
     def _step_applied(self, cp: Checkpoint, step: Step) -> None:
         """Goes on after a step's commit applied: the next node, the run's end, or the stop a cancel asked for."""
         status = step.status
-        self.base, self.state, self.next_node = cp, step.state, step.next
+        self._keep_state(cp)
+        self.next_node = step.next
         self.steps_run += 1
         if status is not CheckpointStatus.RUNNING:
             self._finish_ok(status)
-        elif self.cancelled:
+        elif self.cancelled or self._cancel_asked:
             self._finish_error(CancelledError("run"), release=True)
         else:
             self._dispatch()
@@ -636,7 +672,7 @@ class ThreadRun:
             cp = self._checkpoint(
                 step=self.step,
                 status=CheckpointStatus.FAILED,
-                state=self.state,
+                state=self._own_state(),
                 next_node=node,
                 node=node,
                 extra={g.ERROR_KEY: message[:4000]},
@@ -689,6 +725,12 @@ class ThreadRun:
             return
         self._log.debug("claim.renewed", op="renew", token=self.token, duration_ms=self._ms(started))
         self._schedule_renewal()
+
+    def ask_cancel(self) -> None:
+        """Asks the run to stop at its next step boundary (the handle's ``cancel``; any thread). A step that ends
+        after this returned sees it at once, even on its node's thread; the actor then handles ``_Cancel``."""
+        self._cancel_asked = True
+        self._send(_Cancel())
 
     def cancel(self) -> None:
         """Stops the run at its next step boundary (at once when no node is in flight, and during the pause
@@ -746,7 +788,7 @@ class ThreadRun:
             thread_id=self.spec.thread_id,
             run_id=self.spec.run_id,
             status=status,
-            state=v.copy_json(self.state),
+            state=v.copy_json(self._own_state()),
             checkpoint_id=self.base.id,
             steps=self.steps_run,
             next=self.next_node if status is CheckpointStatus.SUSPENDED else None,
@@ -862,7 +904,7 @@ class ThreadActor(pykka.ThreadingActor):
                 pass  # the run ended already: a late timer or node result has nothing to do
 
         self.run = ThreadRun(spec, env, handle, send, lambda run: on_ended(run.spec.run_id))
-        handle._cancel = lambda: send(_Cancel())
+        handle._cancel = self.run.ask_cancel
 
     def on_start(self) -> None:
         """Runs on the actor's own thread before its first message: makes the thread known for shutdown.
@@ -872,32 +914,36 @@ class ThreadActor(pykka.ThreadingActor):
         self._env.track_thread(threading.current_thread())
 
     def on_receive(self, message: Any) -> Any:
-        """Runs on the actor's own thread, one message at a time: hands the message to the run."""
-        try:
-            if isinstance(message, _Begin):
-                self.run.begin()
-            elif isinstance(message, _RenewDue):
-                self.run.renew_due(message.generation)
-            elif isinstance(message, _NodeDone):
-                self.run.node_done(message)
-            elif isinstance(message, _Cancel):
-                self.run.cancel()
-            elif isinstance(message, _RetryDue):
-                self.run.retry_due(message.generation)
-        except Exception as error:  # a bug in the run's own code must still end the run cleanly
-            self.run.crash(error)
-        if self.run.finished and not self._stopping:
+        """Runs on the actor's own thread, one message at a time: hands the message to the run, under its lock."""
+        run = self.run
+        with run.lock:
+            try:
+                if isinstance(message, _Begin):
+                    run.begin()
+                elif isinstance(message, _RenewDue):
+                    run.renew_due(message.generation)
+                elif isinstance(message, _NodeDone):
+                    run.node_done(message)
+                elif isinstance(message, _Cancel):
+                    run.cancel()
+                elif isinstance(message, _RetryDue):
+                    run.retry_due(message.generation)
+            except Exception as error:  # a bug in the run's own code must still end the run cleanly
+                run.crash(error)
+        if run.finished and not self._stopping:
             self._stopping = True
             self.stop()
         return None
 
     def on_stop(self) -> None:
         """Runs on the actor's own thread just before it exits: ends a run still going (releasing its claim)."""
-        self.run.shutdown()
+        with self.run.lock:
+            self.run.shutdown()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         """Runs on the actor's own thread after an unhandled error, just before it exits: as :meth:`on_stop`."""
-        self.run.shutdown()
+        with self.run.lock:
+            self.run.shutdown()
 
 
 BEGIN = _Begin()

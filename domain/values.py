@@ -55,7 +55,9 @@ class _Sealed:
 
     The constructor encodes the JSON field strictly (:func:`~threadloom.domain.validation.encode_json`), keeps
     a fresh copy of it as the field's value (so the value never shares a dict or list with its caller: changing
-    what you passed in changes nothing here) and keeps the text for the store, which writes it as is. A *seal*
+    what you passed in changes nothing here) and keeps the text for the store, which writes it as is; given an
+    :class:`~threadloom.domain.validation.EncodedJson` (validated and encoded already), it takes its text and copy
+    as they are. A *seal*
     keeps every field's object (:func:`intact`): a value whose fields were replaced behind the constructor's back
     (``object.__setattr__``) no longer matches it and is validated and encoded again by :meth:`sealed_json`.
     Values a store decodes from its own text are built with :func:`trusted` and carry no text.
@@ -72,6 +74,10 @@ class _Sealed:
         value = getattr(self, self._JSON_FIELD)
         if value is None:
             object.__setattr__(self, "_json", "null")
+        elif type(value) is v.EncodedJson:  # validated and encoded already (a node's step): taken as it is
+            text, copy = value.take()
+            object.__setattr__(self, self._JSON_FIELD, copy)
+            object.__setattr__(self, "_json", text)
         else:
             text, copy = v.encode_json(self._JSON_NAME, value)
             object.__setattr__(self, self._JSON_FIELD, copy)
