@@ -2,18 +2,21 @@
 
 It claims the thread, commits each superstep (checkpoint + events + effect records) fenced by the claim's token,
 renews the claim every ``renew_every`` on a timer outside the actor that ``tell``s it, stops the run at its next
-step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. Its mailbox serializes the
-thread's claims and commits inside the process; the token serializes them across processes.
+step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. The run's lock serializes
+the thread's claims and commits inside the process; the token serializes them across processes.
 
-The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly;
-:class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
-(as tasks of the runtime's :class:`~threadloom.actors.scheduler.Scheduler`) and come back as ``_NodeDone``
-messages, so renewals are never stuck behind a long node. The actor never asks itself or waits on a future of
-its own.
+The logic is the plain class :class:`ThreadRun` (its commits in :mod:`~threadloom.actors.run_commits`), whose
+methods run one at a time under the run's lock; :class:`ThreadActor` is the pykka shell that feeds it its messages.
+Nodes run off the actor's thread, never under the lock (as tasks of the runtime's
+:class:`~threadloom.actors.scheduler.Scheduler`), so renewals are never stuck behind a long node: a plain node's
+task thread then commits the step itself and runs the next node (:mod:`~threadloom.actors.node_task`); an
+``async def`` node's end comes back as a ``_NodeDone`` message. The actor never asks itself or waits on a future
+of its own.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -25,28 +28,25 @@ import pykka
 from threadloom.actors import admission
 from threadloom.actors import graph as g
 from threadloom.actors._failures import (
-    can_repeat,
     closed_under,
     error_kind,
     is_fatal,
     is_transient,
-    retry_pause,
     store_closed,
 )
 from threadloom.actors.admission import Plan
 from threadloom.actors.aio import is_async_callable
 from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
-from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.node_task import Job, run_async_node, run_chain, run_node
 from threadloom.actors.retention import retain_children
+from threadloom.actors.run_commits import RunCommits, _PendingCommit, _RetryDue
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
 from threadloom.actors.scheduler import Cancellable
 from threadloom.domain import validation as v
 from threadloom.domain.errors import (
     CancelledError,
-    OutcomeUnknown,
     RunFailed,
     StaleClaim,
     ThreadBusy,
@@ -61,7 +61,6 @@ from threadloom.domain.values import (
     Commit,
     EffectRecord,
     EventDraft,
-    StoredCheckpoint,
 )
 
 # -- messages ---------------------------------------------------------------------------------------------------
@@ -100,28 +99,9 @@ class _Ended:
     """The run ended on its node's thread: the actor stops (it has nothing more to do)."""
 
 
-@attrs.frozen(eq=False)
-class _RetryDue:
-    """The pause before repeating a step's commit (the store said ``StoreUnavailable``) ended."""
-
-    generation: int
-
-
-@attrs.define(eq=False)
-class _PendingCommit:
-    """A step's commit the run is applying: tried again after a pause while the store is unavailable."""
-
-    commit: Commit
-    graph_node: str | None
-    applied: Callable[[], None]
-    since: datetime
-    refused: Callable[[ValidationError], None] | None = None
-    """What to do when the store refuses the commit as invalid (the same commit would be refused again)."""
-    failures: int = 0
-
-
-class ThreadRun:
-    """The logic of one run on one thread: plain methods, each called on the actor's thread.
+class ThreadRun(RunCommits):
+    """The logic of one run on one thread: plain methods, each called under the run's :attr:`lock` - by the actor
+    for its messages, or by a plain node's task thread finishing its step (:meth:`_finish_step`).
 
     Args:
         spec: what the run is asked to do.
@@ -173,11 +153,9 @@ class ThreadRun:
         self._log = _log.bind(
             thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
         )
+        self._info = self._log.enabled_for(logging.INFO)
 
     # -- helpers ------------------------------------------------------------------------------------------------
-
-    def _ms(self, since: datetime) -> float:
-        return elapsed_ms(self.env.clock, since)
 
     def _schedule_renewal(self) -> None:
         self._generation += 1
@@ -191,13 +169,6 @@ class ThreadRun:
             self._timer.cancel()
             self._timer = None
         self._stop_retry()
-
-    def _stop_retry(self) -> None:
-        self._retry_generation += 1
-        self._pending = None
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-            self._retry_timer = None
 
     def _release(self) -> None:
         if self.token is None:
@@ -217,133 +188,6 @@ class ThreadRun:
             )
             return
         self._log.info("claim.released", op="release", token=self.token, duration_ms=self._ms(started))
-
-    def _commit(self, commit: Commit, graph_node: str | None) -> None:
-        """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it."""
-        started = self.env.clock.now()
-        try:
-            self.env.store.commit(self.spec.thread_id, commit)
-        except OutcomeUnknown as error:
-            cp = commit.checkpoint
-            latest = self._latest_quietly()
-            if cp is None or latest is None or latest.checkpoint.id != cp.id:
-                self._log.warning(
-                    "commit.refused",
-                    op="commit",
-                    token=commit.token,
-                    graph_node=graph_node,
-                    error=_describe(error),
-                    duration_ms=self._ms(started),
-                )
-                raise
-        except ThreadloomError as error:
-            self._log.warning(
-                "commit.refused",
-                op="commit",
-                token=commit.token,
-                graph_node=graph_node,
-                error=_describe(error),
-                duration_ms=self._ms(started),
-            )
-            if self._own_claim_lost(error):
-                assert isinstance(error, StaleClaim)
-                self._note_lost(error, "commit")
-            raise
-        self._log.info(
-            "commit.applied",
-            op="commit",
-            token=commit.token,
-            graph_node=graph_node,
-            checkpoint_id=commit.checkpoint.id if commit.checkpoint is not None else None,
-            status=commit.checkpoint.status.value if commit.checkpoint is not None else None,
-            events=len(commit.events),
-            effects=len(commit.effects),
-            duration_ms=self._ms(started),
-        )
-
-    def _commit_then(
-        self,
-        commit: Commit,
-        graph_node: str | None,
-        applied: Callable[[], None],
-        refused: Callable[[ValidationError], None] | None = None,
-    ) -> None:
-        """Commits a step's ``commit`` and then calls ``applied``; ends the run if the store refuses or fails.
-
-        A ``ValidationError`` (e.g. a record over the store's ``max_json_size``: nothing applied, and the same
-        commit is refused again, so it is never retried) is handed to ``refused`` when given, else ends the run.
-
-        A ``StoreUnavailable`` (nothing applied) is tried again after a pause (``retry_pause``: 50 ms doubling
-        to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
-        since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
-        at once, without the step (a recovery runs its node again).
-        """
-        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused)
-        self._try_pending()
-
-    def _try_pending(self) -> None:
-        pending = self._pending
-        assert pending is not None
-        try:
-            self._commit(pending.commit, pending.graph_node)
-        except StaleClaim as error:
-            self._pending = None
-            self._finish_error(error, release=False)
-            return
-        except ValidationError as error:
-            self._pending = None
-            if pending.refused is not None:
-                pending.refused(error)
-            else:
-                self._finish_error(error, release=True)
-            return
-        except Exception as error:
-            now = self.env.clock.now()
-            if can_repeat(error, self.env.store) and now - pending.since < self.env.claim_policy.ttl:
-                pending.failures += 1
-                pause = retry_pause(pending.failures)
-                self._log.warning(
-                    "commit.retrying",
-                    op="commit",
-                    token=pending.commit.token,
-                    graph_node=pending.graph_node,
-                    attempt=pending.failures + 1,
-                    pause_ms=pause.total_seconds() * 1000,
-                    error=_describe(error),
-                    error_kind=error_kind(error),
-                )
-                self._retry_generation += 1
-                generation = self._retry_generation
-                self._retry_timer = self.env.scheduler.call_at(now + pause, lambda: self._send(_RetryDue(generation)))
-                return
-            self._pending = None
-            self._finish_error(error, release=True)
-            return
-        self._pending = None
-        pending.applied()
-
-    def retry_due(self, generation: int) -> None:
-        """Tries the pending commit again (its pause ended)."""
-        if self.finished or generation != self._retry_generation or self._pending is None:
-            return
-        self._retry_timer = None
-        self._try_pending()
-
-    def _latest_quietly(self) -> StoredCheckpoint | None:
-        try:
-            return self.env.store.latest(self.spec.thread_id)
-        except ThreadloomError:
-            return None
-
-    def _own_claim_lost(self, error: BaseException) -> bool:
-        """True for a StaleClaim on this run's thread (not on the thread of a fence)."""
-        return isinstance(error, StaleClaim) and error.thread_id == self.spec.thread_id
-
-    def _note_lost(self, error: StaleClaim, op: str) -> None:
-        if self.lost is None:
-            self.lost = error
-            self.env.metrics.run("claim_lost", self.spec.graph.graph_id)
-            self._log.warning("claim.lost", op=op, token=self.token, current=error.current, error=str(error))
 
     def _event(self, type_: str, payload: Any, checkpoint_id: str | None, node: str | None = None) -> EventDraft:
         return EventDraft(
