@@ -44,7 +44,7 @@ def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loo
     """Calls the plain node ``fn(state, ctx)`` on the calling thread; a coroutine it returns runs on ``loop``."""
     try:
         result = fn(state, ctx)
-        if inspect.isawaitable(result) and loop is not None:  # a plain function returning a coroutine
+        if type(result) is not Step and loop is not None and inspect.isawaitable(result):  # returned a coroutine
             ctx.is_async = True
             result = loop.run(result)
         return checked_step(result, graph, node), None

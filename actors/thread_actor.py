@@ -61,6 +61,7 @@ from threadloom.domain.values import (
     Commit,
     EffectRecord,
     EventDraft,
+    prevalidated,
 )
 
 # -- messages ---------------------------------------------------------------------------------------------------
@@ -149,7 +150,10 @@ class ThreadRun(RunCommits):
         self._on_node_thread = False  # the node's thread is finishing its step: the next node continues there
         self._next_job: Job | None = None
         self._cancel_asked = False  # set at once by ask_cancel, from any thread (the _Cancel message comes later)
-        self._async_nodes: dict[str, tuple[Any, bool]] = {}
+        self._checked_once = False  # a checkpoint of this run passed the public constructor (see _step_commit)
+        self._async_nodes: dict[str, tuple[Any, bool]] = {}  # node -> (its function, whether it is async def)
+        self._read_effect = lambda key: self.env.store.effect(spec.thread_id, key)  # a node's ctx reads effects so
+        self._start_child = lambda thread_id, graph, input_, ctx: self.env.start_child(thread_id, graph, input_, ctx)
         self._log = _log.bind(
             thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
         )
@@ -208,22 +212,46 @@ class ThreadRun(RunCommits):
         next_node: str | None,
         node: str,
         extra: dict[str, str] | None = None,
+        now: datetime | None = None,
     ) -> Checkpoint:
         metadata = {g.NEXT_KEY: next_node or "", g.STEP_KEY: str(step), g.NODE_KEY: node, g.TURN_KEY: self.turn}
-        metadata.update(extra or {})
-        return Checkpoint(
+        if extra:
+            metadata.update(extra)
+        if self._checked_once and not extra and type(state) is v.EncodedJson:
+            # What is the same in every checkpoint of the run passed the constructor once; the state, the node and
+            # the next node passed the step's (or the graph's): only the new id and the clock's reading are checked.
+            spec, text_copy = self.spec, state.take()
+            return prevalidated(
+                Checkpoint,
+                text_copy[0],
+                id=v.check_id("checkpoint.id", self.env.ids.checkpoint_id(spec.run_id, step)),
+                parent=self.base.id if self.base is not None else None,
+                thread_id=spec.thread_id,
+                run_id=spec.run_id,
+                status=status,
+                created_at=v.check_aware("checkpoint.created_at", self.env.clock.now() if now is None else now),
+                state=text_copy[1],
+                graph_id=spec.graph.graph_id,
+                tenant_id=spec.tenant_id,
+                fencing_token=None,
+                origin=self.origin,
+                metadata=metadata,
+            )
+        cp = Checkpoint(
             id=self.env.ids.checkpoint_id(self.spec.run_id, step),
             parent=self.base.id if self.base is not None else None,
             thread_id=self.spec.thread_id,
             run_id=self.spec.run_id,
             status=status,
-            created_at=self.env.clock.now(),
+            created_at=self.env.clock.now() if now is None else now,
             state=state,
             graph_id=self.spec.graph.graph_id,
             tenant_id=self.spec.tenant_id,
             origin=self.origin,
             metadata=metadata,
         )
+        self._checked_once = True
+        return cp
 
     # -- the run ------------------------------------------------------------------------------------------------
 
@@ -298,9 +326,11 @@ class ThreadRun(RunCommits):
         self._commit(Commit(token=self.token, checkpoint=cp, events=(event,), fence=self.spec.fence), None)
         self._keep_state(cp)
 
-    def _keep_state(self, cp: Checkpoint) -> None:
-        """Makes the state of ``cp``, a checkpoint this run built and committed, the run's base and state."""
-        self.base, self.state, self._state_text, self._state_lent = cp, cp.state, cp.sealed_json(), False
+    def _keep_state(self, cp: Checkpoint, text: str | None = None) -> None:
+        """Makes the state of ``cp``, a checkpoint this run built and committed, the run's base and state (``text``:
+        the state's JSON text, when the caller has it at hand)."""
+        self.base, self.state, self._state_lent = cp, cp.state, False
+        self._state_text = cp.sealed_json() if text is None else text
 
     def _hand_state(self) -> Any:
         """The state the next node gets: the committed checkpoint's own copy as it is, once (its text keeps the
@@ -337,10 +367,8 @@ class ThreadRun(RunCommits):
             checkpoint_id=self.env.ids.checkpoint_id(spec.run_id, step),
             parent_checkpoint_id=self.base.id,
             now=self.env.clock.now,
-            read_effect=lambda key: self.env.store.effect(spec.thread_id, key),
-            start_child=lambda thread_id, child_graph, child_input, context: self.env.start_child(
-                thread_id, child_graph, child_input, context
-            ),
+            read_effect=self._read_effect,
+            start_child=self._start_child,
             token=self.token,
             turn_id=self.turn,
             record_intent=self._record_intent,
@@ -350,7 +378,10 @@ class ThreadRun(RunCommits):
         state = self._hand_state()
         loop = self.env.loop
         self.in_flight = True
-        if loop is not None and self._is_async(node, fn):
+        known = self._async_nodes.get(node)
+        if known is None or known[0] is not fn:  # remembered per node function: inspecting it costs a little
+            known = self._async_nodes[node] = (fn, is_async_callable(fn))
+        if loop is not None and known[1]:
             ctx.is_async = True
             send = self._send
 
@@ -371,13 +402,6 @@ class ThreadRun(RunCommits):
             self._next_job = execute  # the node's thread that finished this step runs the next node as well
         else:
             self.env.scheduler.spawn(f"node-{spec.thread_id}", lambda: run_chain(execute))
-
-    def _is_async(self, node: str, fn: Any) -> bool:
-        """Whether ``fn``, the graph's node ``node``, is an ``async def`` node (remembered per node function)."""
-        known = self._async_nodes.get(node)
-        if known is None or known[0] is not fn:
-            known = self._async_nodes[node] = (fn, is_async_callable(fn))
-        return known[1]
 
     def _finish_step(self, message: _NodeDone) -> Job | None:
         """Handles a plain node's end on its own task thread, under the run's lock (as the actor would handle a
@@ -452,30 +476,8 @@ class ThreadRun(RunCommits):
             return
         step = message.result
         assert step is not None
-        status = step.status
         try:
-            state, payloads = step.encoded()  # validated and encoded when the node built the step: not again
-            cp = self._checkpoint(step=self.step, status=status, state=state, next_node=step.next, node=message.node)
-            now = self.env.clock.now()
-            drafts = list(events)
-            drafts += [
-                EventDraft(
-                    run_id=self.spec.run_id,
-                    type=kind,
-                    timestamp=now,
-                    payload=payload,
-                    checkpoint_id=cp.id,
-                    task_id=message.ctx.task_id,
-                    node_id=message.node,
-                )
-                for (kind, _payload), payload in zip(step.events, payloads, strict=True)
-            ]
-            if status is CheckpointStatus.COMPLETED:
-                drafts.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, message.node))
-            elif status is CheckpointStatus.SUSPENDED:
-                drafts.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, message.node))
-            assert self.token is not None
-            commit = Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects)
+            cp, commit, text = self._step_commit(message.node, message.ctx.task_id, step, events, effects)
         except Exception as error:
             self._finish_error(error, release=True)
             return
@@ -484,14 +486,59 @@ class ThreadRun(RunCommits):
         self._commit_then(
             commit,
             message.node,
-            lambda: self._step_applied(cp, step),
+            lambda: self._step_applied(cp, step, text),
             lambda refusal: self._fail_node(message.node, _describe(refusal), [], [], cause=refusal),
         )
 
-    def _step_applied(self, cp: Checkpoint, step: Step) -> None:
+    def _step_commit(
+        self, node: str, task_id: str, step: Step, events: list[EventDraft], effects: list[EffectRecord]
+    ) -> tuple[Checkpoint, Commit, str]:
+        """The commit of a node's step: its checkpoint, the node's events (emitted, then returned, then the run's
+        end event) and effects; and the JSON text of the checkpoint's state.
+
+        The step's state and event payloads were validated and encoded when the node built the step; they are
+        not again. Once the run's first checkpoint passed the public constructor (its ids, tenant, origin and
+        turn, the same in every checkpoint of the run), each later step checks only what is new in it - the
+        checkpoint's id, the clock's reading, the task id - and builds the rest as it is (``prevalidated``).
+        """
+        status = step.status
+        state, payloads = step.encoded()
+        now = self.env.clock.now()
+        cp = self._checkpoint(step=self.step, status=status, state=state, next_node=step.next, node=node, now=now)
+        spec = self.spec
+        if self._checked_once:
+            if payloads:
+                v.check_id("event.task_id", task_id)
+            for (kind, _payload), payload in zip(step.events, payloads, strict=True):
+                text, copy = payload.take()
+                events.append(prevalidated(
+                    EventDraft, text, run_id=spec.run_id, type=kind, timestamp=now, payload=copy,
+                    checkpoint_id=cp.id, task_id=task_id, node_id=node,
+                ))
+        else:
+            events += [
+                EventDraft(run_id=spec.run_id, type=kind, timestamp=now, payload=payload, checkpoint_id=cp.id,
+                           task_id=task_id, node_id=node)
+                for (kind, _payload), payload in zip(step.events, payloads, strict=True)
+            ]
+        if status is CheckpointStatus.COMPLETED:
+            events.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, node))
+        elif status is CheckpointStatus.SUSPENDED:
+            events.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, node))
+        assert self.token is not None
+        if self._checked_once:
+            commit = prevalidated(
+                Commit, token=self.token, checkpoint=cp, pending_writes=(), events=tuple(events),
+                effects=tuple(effects), retract_turn=False, fence=None, metadata=None,
+            )
+        else:
+            commit = Commit(token=self.token, checkpoint=cp, events=events, effects=effects)
+        return cp, commit, state.text
+
+    def _step_applied(self, cp: Checkpoint, step: Step, text: str) -> None:
         """Goes on after a step's commit applied: the next node, the run's end, or the stop a cancel asked for."""
         status = step.status
-        self._keep_state(cp)
+        self._keep_state(cp, text)
         self.next_node = step.next
         self.steps_run += 1
         if status is not CheckpointStatus.RUNNING:
