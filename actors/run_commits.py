@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -37,10 +37,12 @@ class _PendingCommit:
 
     commit: Commit
     graph_node: str | None
-    applied: Callable[[], None]
+    applied: Callable[..., None]
     since: datetime
-    refused: Callable[[ValidationError], None] | None = None
+    refused: Callable[..., None] | None = None
     """What to do when the store refuses the commit as invalid (the same commit would be refused again)."""
+    args: tuple[Any, ...] = ()
+    """Passed to ``applied`` (and to ``refused``, after the refusal)."""
     failures: int = 0
 
 
@@ -122,20 +124,22 @@ class RunCommits:
         self,
         commit: Commit,
         graph_node: str | None,
-        applied: Callable[[], None],
-        refused: Callable[[ValidationError], None] | None = None,
+        applied: Callable[..., None],
+        refused: Callable[..., None] | None = None,
+        args: tuple[Any, ...] = (),
     ) -> None:
-        """Commits a step's ``commit`` and then calls ``applied``; ends the run if the store refuses or fails.
+        """Commits a step's ``commit`` and then calls ``applied(*args)``; ends the run if the store refuses or fails.
 
         A ``ValidationError`` (e.g. a record over the store's ``max_json_size``: nothing applied, and the same
-        commit is refused again, so it is never retried) is handed to ``refused`` when given, else ends the run.
+        commit is refused again, so it is never retried) is handed to ``refused(error, *args)`` when given, else
+        ends the run.
 
         A ``StoreUnavailable`` (nothing applied) is tried again after a pause (``retry_pause``: 50 ms doubling
         to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
         since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
         at once, without the step (a recovery runs its node again).
         """
-        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused)
+        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused, args)
         self._try_pending()
 
     def _try_pending(self) -> None:
@@ -150,7 +154,7 @@ class RunCommits:
         except ValidationError as error:
             self._pending = None
             if pending.refused is not None:
-                pending.refused(error)
+                pending.refused(error, *pending.args)
             else:
                 self._finish_error(error, release=True)
             return
@@ -177,7 +181,7 @@ class RunCommits:
             self._finish_error(error, release=True)
             return
         self._pending = None
-        pending.applied()
+        pending.applied(*pending.args)
 
     def retry_due(self, generation: int) -> None:
         """Tries the pending commit again (its pause ended)."""

@@ -150,6 +150,8 @@ class ThreadRun(RunCommits):
         self._on_node_thread = False  # the node's thread is finishing its step: the next node continues there
         self._next_job: Job | None = None
         self._cancel_asked = False  # set at once by ask_cancel, from any thread (the _Cancel message comes later)
+        self._node_job: tuple[Any, Any, NodeContext, int, str] | None = None  # what _run_node runs next
+        self._execute: Job = self._run_node  # bound once: a run's node task runs it for every node
         self._checked_once = False  # a checkpoint of this run passed the public constructor (see _step_commit)
         self._async_nodes: dict[str, tuple[Any, bool]] = {}  # node -> (its function, whether it is async def)
         self._read_effect = lambda key: self.env.store.effect(spec.thread_id, key)  # a node's ctx reads effects so
@@ -393,17 +395,25 @@ class ThreadRun(RunCommits):
             loop.submit(execute_async())
             return
 
-        def execute() -> Job | None:
-            """Runs the node on the calling task thread, then finishes its step there (see :meth:`_finish_step`)."""
-            result, error = run_node(fn, state, ctx, graph, node, loop)
-            return self._finish_step(_NodeDone(step, node, ctx, result, error))
-
+        self._node_job = (fn, state, ctx, step, node)  # one node in flight at a time: its job reads it once
         if self._on_node_thread:
-            self._next_job = execute  # the node's thread that finished this step runs the next node as well
+            self._next_job = self._execute  # the node's thread that finished this step runs the next node as well
         else:
+            execute = self._execute
             self.env.scheduler.spawn(f"node-{spec.thread_id}", lambda: run_chain(execute))
 
-    def _finish_step(self, message: _NodeDone) -> Job | None:
+    def _run_node(self) -> Job | None:
+        """Runs the plain node :meth:`_dispatch` set up, on the calling task thread, then finishes its step there
+        (see :meth:`_finish_step`); returns the run's next node execution, or None."""
+        job, self._node_job = self._node_job, None
+        assert job is not None
+        fn, state, ctx, step, node = job
+        result, error = run_node(fn, state, ctx, self.spec.graph, node, self.env.loop)
+        return self._finish_step(step, node, ctx, result, error)
+
+    def _finish_step(
+        self, step: int, node: str, ctx: NodeContext, result: Step | None, error: BaseException | None
+    ) -> Job | None:
         """Handles a plain node's end on its own task thread, under the run's lock (as the actor would handle a
         ``_NodeDone``): commits the step and returns the run's next node execution for this thread to run, or None.
 
@@ -412,7 +422,7 @@ class ThreadRun(RunCommits):
         with self.lock:
             self._on_node_thread = True
             try:
-                self.node_done(message)
+                self._node_ended(step, node, ctx, result, error)
             except Exception as error:  # a bug in the run's own code must still end the run cleanly
                 self.crash(error)
             finally:
@@ -444,51 +454,53 @@ class ThreadRun(RunCommits):
         self._log.info("effect.intent", op="commit", token=self.token, key=record.key, duration_ms=self._ms(started))
 
     def node_done(self, message: _NodeDone) -> None:
+        """Handles the ``_NodeDone`` of an async node (see :meth:`_node_ended`)."""
+        self._node_ended(message.step, message.node, message.ctx, message.result, message.error)
+
+    def _node_ended(
+        self, step_no: int, node: str, ctx: NodeContext, result: Step | None, error: BaseException | None
+    ) -> None:
         """Commits the node's step (or its failure) and goes on, ends, or stops as the run now must."""
-        if self.finished or message.step != self.step:
+        if self.finished or step_no != self.step:
             return
         self.in_flight = False
         if self.lost is not None:
             self._finish_error(self.lost, release=False)
             return
-        events, effects = message.ctx._drain()
-        if message.error is not None and (self.cancelled or self._cancel_asked):
+        events, effects = ctx._drain()
+        if error is not None and (self.cancelled or self._cancel_asked):
             # Stopping (cancel or close) can make a node fail (a child run it waits for was cancelled too):
             # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
             self._finish_error(CancelledError("run"), release=True)
             return
-        if message.error is not None and is_transient(message.error, self.env.store):
+        if error is not None and is_transient(error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
             # the node again (found by the simulation).
-            self._log.warning(
-                "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
-            )
-            self._finish_error(message.error, release=True)
+            self._log.warning("run.interrupted", op="run", token=self.token, graph_node=node, error=_describe(error))
+            self._finish_error(error, release=True)
             return
-        if message.error is not None and is_fatal(message.error, self.env.store):
+        if error is not None and is_fatal(error, self.env.store):
             # The store is damaged or closed: not the node's fault, and no FAILED checkpoint could be written
             # either. End at once; the thread stays as it is, recoverable once the store is repaired.
-            self._finish_error(message.error, release=True)
-            return
-        if message.error is not None:
-            self._fail_node(message.node, _describe(message.error), events, effects, cause=message.error)
-            return
-        step = message.result
-        assert step is not None
-        try:
-            cp, commit, text = self._step_commit(message.node, message.ctx.task_id, step, events, effects)
-        except Exception as error:
             self._finish_error(error, release=True)
+            return
+        if error is not None:
+            self._fail_node(node, _describe(error), events, effects, cause=error)
+            return
+        assert result is not None
+        try:
+            cp, commit, text = self._step_commit(node, ctx.task_id, result, events, effects)
+        except Exception as failure:
+            self._finish_error(failure, release=True)
             return
         # A step the store refuses as invalid (a record over max_json_size) would be refused on every retry
         # and by every recovery, which would run the node again: the run fails instead, without the step.
-        self._commit_then(
-            commit,
-            message.node,
-            lambda: self._step_applied(cp, step, text),
-            lambda refusal: self._fail_node(message.node, _describe(refusal), [], [], cause=refusal),
-        )
+        self._commit_then(commit, node, self._step_applied, self._step_refused, (cp, result, text))
+
+    def _step_refused(self, refusal: ValidationError, cp: Checkpoint, step: Step, text: str) -> None:
+        """The store refused a step's commit as invalid: the run fails at the step's node, without the step."""
+        self._fail_node(cp.metadata[g.NODE_KEY], _describe(refusal), [], [], cause=refusal)
 
     def _step_commit(
         self, node: str, task_id: str, step: Step, events: list[EventDraft], effects: list[EffectRecord]
