@@ -350,7 +350,9 @@ class ThreadRun(RunCommits):
         return self.state
 
     def _dispatch(self) -> None:
-        """Starts the next node as a task off the actor's thread; its end comes back as ``_NodeDone``."""
+        """Starts the next node off the actor's thread: a plain node on a task thread (the one that finished the
+        previous step, when it is the caller), which then finishes its step; an async node on the runtime's loop,
+        whose end comes back as ``_NodeDone``."""
         spec, graph = self.spec, self.spec.graph
         node = self.next_node
         assert node is not None and self.base is not None
