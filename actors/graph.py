@@ -188,9 +188,8 @@ def _events(value: Any) -> tuple[tuple[str, Any], ...]:
     for index, item in enumerate(value):
         if not isinstance(item, tuple) or len(item) != 2:
             raise ValidationError(f"step.events[{index}]", ("must be a (type, payload) pair",))
-        kind = _node_event_type(f"step.events[{index}] type", item[0])
-        out.append((kind, v.check_json(f"step.events[{index}]", item[1])))
-    return tuple(out)
+        out.append((_node_event_type(f"step.events[{index}] type", item[0]), item[1]))
+    return tuple(out)  # the payloads are validated (and encoded, once) by Step.__attrs_post_init__
 
 
 @attrs.frozen(kw_only=True)
@@ -206,16 +205,28 @@ class Step:
             starting ``threadloom.`` (the runtime's own events) is a ValidationError.
     """
 
-    state: Any = attrs.field(validator=lambda _i, _a, value: v.check_json("step.state", value))
+    state: Any
     next: str | None = attrs.field(
         default=None, validator=lambda _i, _a, value: v.check_optional_id("step.next", value)
     )
     suspended: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     events: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_events)
+    _state_json: v.EncodedJson = attrs.field(init=False, eq=False, repr=False)
+    """The state, validated and encoded once: the step's checkpoint takes it as it is."""
+    _payloads_json: tuple[v.EncodedJson, ...] = attrs.field(init=False, eq=False, repr=False)
+    """The events' payloads, likewise, in order."""
 
     def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_state_json", v.EncodedJson("step.state", self.state))
+        payloads = tuple(v.EncodedJson(f"step.events[{i}]", payload) for i, (_kind, payload) in enumerate(self.events))
+        object.__setattr__(self, "_payloads_json", payloads)
         if self.suspended and self.next is None:
             raise ValidationError("step.next", ("a suspended step names the node to resume at",))
+
+    def encoded(self) -> tuple[v.EncodedJson, tuple[v.EncodedJson, ...]]:
+        """The state and the events' payloads as validated and encoded when the step was built (the runtime builds
+        the step's checkpoint and events from them, so nothing is validated twice); each is taken once."""
+        return self._state_json, self._payloads_json
 
     @classmethod
     def to(cls, node: str, state: Any, *, events: Any = ()) -> Step:

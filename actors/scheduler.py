@@ -16,6 +16,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -75,6 +76,11 @@ class Scheduler(abc.ABC):
     def condition(self) -> threading.Condition:
         """A new condition variable for state its tasks share (a subscription's queue); default ``threading``'s."""
         return threading.Condition()
+
+    def lock(self) -> AbstractContextManager[Any]:
+        """A new lock (``with lock:``) for state an actor shares with its tasks (a run's, with its node's thread):
+        ``threading.Lock`` by default; a simulation's scheduler yields to its other tasks while it waits."""
+        return threading.Lock()
 
     def actor_class(self, cls: type[_A]) -> type[_A]:
         """The class to start for pykka actor class ``cls``: ``cls`` itself (a thread per actor) by default.

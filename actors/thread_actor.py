@@ -2,20 +2,21 @@
 
 It claims the thread, commits each superstep (checkpoint + events + effect records) fenced by the claim's token,
 renews the claim every ``renew_every`` on a timer outside the actor that ``tell``s it, stops the run at its next
-step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. Its mailbox serializes the
-thread's claims and commits inside the process; the token serializes them across processes.
+step once a renewal or a commit says ``StaleClaim``, and releases the claim at the end. The run's lock serializes
+the thread's claims and commits inside the process; the token serializes them across processes.
 
-The logic is the plain class :class:`ThreadRun`, whose methods a deterministic scheduler can call directly;
-:class:`ThreadActor` is the pykka shell that feeds it its messages. Nodes run off the actor's thread
-(as tasks of the runtime's :class:`~threadloom.actors.scheduler.Scheduler`) and come back as ``_NodeDone``
-messages, so renewals are never stuck behind a long node. The actor never asks itself or waits on a future of
-its own.
+The logic is the plain class :class:`ThreadRun` (its commits in :mod:`~threadloom.actors.run_commits`), whose
+methods run one at a time under the run's lock; :class:`ThreadActor` is the pykka shell that feeds it its messages.
+Nodes run off the actor's thread, never under the lock (as tasks of the runtime's
+:class:`~threadloom.actors.scheduler.Scheduler`), so renewals are never stuck behind a long node: a plain node's
+task thread then commits the step itself and runs the next node (:mod:`~threadloom.actors.node_task`); an
+``async def`` node's end comes back as a ``_NodeDone`` message. The actor never asks itself or waits on a future
+of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
+import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -27,27 +28,25 @@ import pykka
 from threadloom.actors import admission
 from threadloom.actors import graph as g
 from threadloom.actors._failures import (
-    can_repeat,
     closed_under,
     error_kind,
     is_fatal,
     is_transient,
-    retry_pause,
     store_closed,
 )
 from threadloom.actors.admission import Plan
 from threadloom.actors.aio import is_async_callable
 from threadloom.actors.graph import NodeContext, RunOutcome, Step
 from threadloom.actors.logs import describe as _describe
-from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
+from threadloom.actors.node_task import Job, run_async_node, run_chain, run_node
 from threadloom.actors.retention import retain_children
+from threadloom.actors.run_commits import RunCommits, _PendingCommit, _RetryDue
 from threadloom.actors.runs import RunEnv, RunHandle, RunSpec, _set
 from threadloom.actors.scheduler import Cancellable
 from threadloom.domain import validation as v
 from threadloom.domain.errors import (
     CancelledError,
-    OutcomeUnknown,
     RunFailed,
     StaleClaim,
     ThreadBusy,
@@ -62,7 +61,7 @@ from threadloom.domain.values import (
     Commit,
     EffectRecord,
     EventDraft,
-    StoredCheckpoint,
+    prevalidated,
 )
 
 # -- messages ---------------------------------------------------------------------------------------------------
@@ -97,27 +96,13 @@ class _Cancel:
 
 
 @attrs.frozen(eq=False)
-class _RetryDue:
-    """The pause before repeating a step's commit (the store said ``StoreUnavailable``) ended."""
-
-    generation: int
+class _Ended:
+    """The run ended on its node's thread: the actor stops (it has nothing more to do)."""
 
 
-@attrs.define(eq=False)
-class _PendingCommit:
-    """A step's commit the run is applying: tried again after a pause while the store is unavailable."""
-
-    commit: Commit
-    graph_node: str | None
-    applied: Callable[[], None]
-    since: datetime
-    refused: Callable[[ValidationError], None] | None = None
-    """What to do when the store refuses the commit as invalid (the same commit would be refused again)."""
-    failures: int = 0
-
-
-class ThreadRun:
-    """The logic of one run on one thread: plain methods, each called on the actor's thread.
+class ThreadRun(RunCommits):
+    """The logic of one run on one thread: plain methods, each called under the run's :attr:`lock` - by the actor
+    for its messages, or by a plain node's task thread finishing its step (:meth:`_finish_step`).
 
     Args:
         spec: what the run is asked to do.
@@ -142,7 +127,9 @@ class ThreadRun:
         self._ended = ended
         self.token: int | None = None
         self.base: Checkpoint | None = None  # the run's latest checkpoint: the parent of its next one
-        self.state: Any = None
+        self.state: Any = None  # the run's state (see _hand_state and _own_state)
+        self._state_text: str | None = None  # its JSON text, when it is the state of a checkpoint this run built
+        self._state_lent = False  # handed to a node as it is: read it back from _state_text
         self.next_node: str | None = None
         self.origin: CheckpointOrigin | None = spec.origin
         self.turn = spec.run_id  # the turn the run belongs to (see admission.Plan.turn)
@@ -158,14 +145,23 @@ class ThreadRun:
         self._retry_timer: Cancellable | None = None
         self._retry_generation = 0
         self._started_at: datetime | None = None
+        self.lock = env.scheduler.lock()
+        """Held by whoever runs the run's logic: the actor for each message, a node's thread finishing its step."""
+        self._on_node_thread = False  # the node's thread is finishing its step: the next node continues there
+        self._next_job: Job | None = None
+        self._cancel_asked = False  # set at once by ask_cancel, from any thread (the _Cancel message comes later)
+        self._node_job: tuple[Any, Any, NodeContext, int, str] | None = None  # what _run_node runs next
+        self._execute: Job = self._run_node  # bound once: a run's node task runs it for every node
+        self._checked_once = False  # a checkpoint of this run passed the public constructor (see _step_commit)
+        self._async_nodes: dict[str, tuple[Any, bool]] = {}  # node -> (its function, whether it is async def)
+        self._read_effect = lambda key: self.env.store.effect(spec.thread_id, key)  # a node's ctx reads effects so
+        self._start_child = lambda thread_id, graph, input_, ctx: self.env.start_child(thread_id, graph, input_, ctx)
         self._log = _log.bind(
             thread_id=spec.thread_id, run_id=spec.run_id, tenant_id=spec.tenant_id, node_id=env.node_id
         )
+        self._info = self._log.enabled_for(logging.INFO)
 
     # -- helpers ------------------------------------------------------------------------------------------------
-
-    def _ms(self, since: datetime) -> float:
-        return elapsed_ms(self.env.clock, since)
 
     def _schedule_renewal(self) -> None:
         self._generation += 1
@@ -179,13 +175,6 @@ class ThreadRun:
             self._timer.cancel()
             self._timer = None
         self._stop_retry()
-
-    def _stop_retry(self) -> None:
-        self._retry_generation += 1
-        self._pending = None
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-            self._retry_timer = None
 
     def _release(self) -> None:
         if self.token is None:
@@ -206,133 +195,6 @@ class ThreadRun:
             return
         self._log.info("claim.released", op="release", token=self.token, duration_ms=self._ms(started))
 
-    def _commit(self, commit: Commit, graph_node: str | None) -> None:
-        """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it."""
-        started = self.env.clock.now()
-        try:
-            self.env.store.commit(self.spec.thread_id, commit)
-        except OutcomeUnknown as error:
-            cp = commit.checkpoint
-            latest = self._latest_quietly()
-            if cp is None or latest is None or latest.checkpoint.id != cp.id:
-                self._log.warning(
-                    "commit.refused",
-                    op="commit",
-                    token=commit.token,
-                    graph_node=graph_node,
-                    error=_describe(error),
-                    duration_ms=self._ms(started),
-                )
-                raise
-        except ThreadloomError as error:
-            self._log.warning(
-                "commit.refused",
-                op="commit",
-                token=commit.token,
-                graph_node=graph_node,
-                error=_describe(error),
-                duration_ms=self._ms(started),
-            )
-            if self._own_claim_lost(error):
-                assert isinstance(error, StaleClaim)
-                self._note_lost(error, "commit")
-            raise
-        self._log.info(
-            "commit.applied",
-            op="commit",
-            token=commit.token,
-            graph_node=graph_node,
-            checkpoint_id=commit.checkpoint.id if commit.checkpoint is not None else None,
-            status=commit.checkpoint.status.value if commit.checkpoint is not None else None,
-            events=len(commit.events),
-            effects=len(commit.effects),
-            duration_ms=self._ms(started),
-        )
-
-    def _commit_then(
-        self,
-        commit: Commit,
-        graph_node: str | None,
-        applied: Callable[[], None],
-        refused: Callable[[ValidationError], None] | None = None,
-    ) -> None:
-        """Commits a step's ``commit`` and then calls ``applied``; ends the run if the store refuses or fails.
-
-        A ``ValidationError`` (e.g. a record over the store's ``max_json_size``: nothing applied, and the same
-        commit is refused again, so it is never retried) is handed to ``refused`` when given, else ends the run.
-
-        A ``StoreUnavailable`` (nothing applied) is tried again after a pause (``retry_pause``: 50 ms doubling
-        to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
-        since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
-        at once, without the step (a recovery runs its node again).
-        """
-        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused)
-        self._try_pending()
-
-    def _try_pending(self) -> None:
-        pending = self._pending
-        assert pending is not None
-        try:
-            self._commit(pending.commit, pending.graph_node)
-        except StaleClaim as error:
-            self._pending = None
-            self._finish_error(error, release=False)
-            return
-        except ValidationError as error:
-            self._pending = None
-            if pending.refused is not None:
-                pending.refused(error)
-            else:
-                self._finish_error(error, release=True)
-            return
-        except Exception as error:
-            now = self.env.clock.now()
-            if can_repeat(error, self.env.store) and now - pending.since < self.env.claim_policy.ttl:
-                pending.failures += 1
-                pause = retry_pause(pending.failures)
-                self._log.warning(
-                    "commit.retrying",
-                    op="commit",
-                    token=pending.commit.token,
-                    graph_node=pending.graph_node,
-                    attempt=pending.failures + 1,
-                    pause_ms=pause.total_seconds() * 1000,
-                    error=_describe(error),
-                    error_kind=error_kind(error),
-                )
-                self._retry_generation += 1
-                generation = self._retry_generation
-                self._retry_timer = self.env.scheduler.call_at(now + pause, lambda: self._send(_RetryDue(generation)))
-                return
-            self._pending = None
-            self._finish_error(error, release=True)
-            return
-        self._pending = None
-        pending.applied()
-
-    def retry_due(self, generation: int) -> None:
-        """Tries the pending commit again (its pause ended)."""
-        if self.finished or generation != self._retry_generation or self._pending is None:
-            return
-        self._retry_timer = None
-        self._try_pending()
-
-    def _latest_quietly(self) -> StoredCheckpoint | None:
-        try:
-            return self.env.store.latest(self.spec.thread_id)
-        except ThreadloomError:
-            return None
-
-    def _own_claim_lost(self, error: BaseException) -> bool:
-        """True for a StaleClaim on this run's thread (not on the thread of a fence)."""
-        return isinstance(error, StaleClaim) and error.thread_id == self.spec.thread_id
-
-    def _note_lost(self, error: StaleClaim, op: str) -> None:
-        if self.lost is None:
-            self.lost = error
-            self.env.metrics.run("claim_lost", self.spec.graph.graph_id)
-            self._log.warning("claim.lost", op=op, token=self.token, current=error.current, error=str(error))
-
     def _event(self, type_: str, payload: Any, checkpoint_id: str | None, node: str | None = None) -> EventDraft:
         return EventDraft(
             run_id=self.spec.run_id,
@@ -352,22 +214,46 @@ class ThreadRun:
         next_node: str | None,
         node: str,
         extra: dict[str, str] | None = None,
+        now: datetime | None = None,
     ) -> Checkpoint:
         metadata = {g.NEXT_KEY: next_node or "", g.STEP_KEY: str(step), g.NODE_KEY: node, g.TURN_KEY: self.turn}
-        metadata.update(extra or {})
-        return Checkpoint(
+        if extra:
+            metadata.update(extra)
+        if self._checked_once and not extra and type(state) is v.EncodedJson:
+            # What is the same in every checkpoint of the run passed the constructor once; the state, the node and
+            # the next node passed the step's (or the graph's): only the new id and the clock's reading are checked.
+            spec, text_copy = self.spec, state.take()
+            return prevalidated(
+                Checkpoint,
+                text_copy[0],
+                id=v.check_id("checkpoint.id", self.env.ids.checkpoint_id(spec.run_id, step)),
+                parent=self.base.id if self.base is not None else None,
+                thread_id=spec.thread_id,
+                run_id=spec.run_id,
+                status=status,
+                created_at=v.check_aware("checkpoint.created_at", self.env.clock.now() if now is None else now),
+                state=text_copy[1],
+                graph_id=spec.graph.graph_id,
+                tenant_id=spec.tenant_id,
+                fencing_token=None,
+                origin=self.origin,
+                metadata=metadata,
+            )
+        cp = Checkpoint(
             id=self.env.ids.checkpoint_id(self.spec.run_id, step),
             parent=self.base.id if self.base is not None else None,
             thread_id=self.spec.thread_id,
             run_id=self.spec.run_id,
             status=status,
-            created_at=self.env.clock.now(),
+            created_at=self.env.clock.now() if now is None else now,
             state=state,
             graph_id=self.spec.graph.graph_id,
             tenant_id=self.spec.tenant_id,
             origin=self.origin,
             metadata=metadata,
         )
+        self._checked_once = True
+        return cp
 
     # -- the run ------------------------------------------------------------------------------------------------
 
@@ -440,10 +326,33 @@ class ThreadRun:
         kind = g.EVENT_RUN_STARTED if plan.mode == "start" else g.EVENT_RUN_RESUMED
         event = self._event(kind, {"graph_id": self.spec.graph.graph_id, "node": plan.next_node}, cp.id)
         self._commit(Commit(token=self.token, checkpoint=cp, events=(event,), fence=self.spec.fence), None)
-        self.base = cp
+        self._keep_state(cp)
+
+    def _keep_state(self, cp: Checkpoint, text: str | None = None) -> None:
+        """Makes the state of ``cp``, a checkpoint this run built and committed, the run's base and state (``text``:
+        the state's JSON text, when the caller has it at hand)."""
+        self.base, self.state, self._state_lent = cp, cp.state, False
+        self._state_text = cp.sealed_json() if text is None else text
+
+    def _hand_state(self) -> Any:
+        """The state the next node gets: the committed checkpoint's own copy as it is, once (its text keeps the
+        state for a FAILED checkpoint, whatever the node does to it), else a fresh copy of the run's state."""
+        if self._state_text is not None and not self._state_lent:
+            self._state_lent = True
+            return self.state
+        return v.copy_json(self._own_state())
+
+    def _own_state(self) -> Any:
+        """The run's state as committed (decoded again from its text once a node was handed it)."""
+        if self._state_lent:
+            assert self._state_text is not None
+            return v.scan_own(self._state_text)[0]
+        return self.state
 
     def _dispatch(self) -> None:
-        """Starts the next node as a task off the actor's thread; its end comes back as ``_NodeDone``."""
+        """Starts the next node off the actor's thread: a plain node on a task thread (the one that finished the
+        previous step, when it is the caller), which then finishes its step; an async node on the runtime's loop,
+        whose end comes back as ``_NodeDone``."""
         spec, graph = self.spec, self.spec.graph
         node = self.next_node
         assert node is not None and self.base is not None
@@ -462,64 +371,70 @@ class ThreadRun:
             checkpoint_id=self.env.ids.checkpoint_id(spec.run_id, step),
             parent_checkpoint_id=self.base.id,
             now=self.env.clock.now,
-            read_effect=lambda key: self.env.store.effect(spec.thread_id, key),
-            start_child=lambda thread_id, child_graph, child_input, context: self.env.start_child(
-                thread_id, child_graph, child_input, context
-            ),
+            read_effect=self._read_effect,
+            start_child=self._start_child,
             token=self.token,
             turn_id=self.turn,
             record_intent=self._record_intent,
             max_json_size=getattr(self.env.store, "max_json_size", None),
         )
         fn = graph.nodes[node]
-        state = v.copy_json(self.state)
-        send = self._send
-
+        state = self._hand_state()
         loop = self.env.loop
-        if loop is not None and is_async_callable(fn):
+        self.in_flight = True
+        known = self._async_nodes.get(node)
+        if known is None or known[0] is not fn:  # remembered per node function: inspecting it costs a little
+            known = self._async_nodes[node] = (fn, is_async_callable(fn))
+        if loop is not None and known[1]:
             ctx.is_async = True
+            send = self._send
 
             async def execute_async() -> None:
                 """Runs the async node on the runtime's event loop and tells the actor how it ended."""
-                result: Step | None = None
-                error: BaseException | None = None
-                try:
-                    result = await fn(state, ctx)
-                    if not isinstance(result, Step):
-                        raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
-                    if result.next is not None and result.next not in graph.nodes:
-                        raise ValidationError(
-                            "step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",)
-                        )
-                except asyncio.CancelledError:  # the runtime closed with the node in flight: its step is dropped
-                    result, error = None, CancelledError("run")
-                except Exception as caught:
-                    result, error = None, caught
+                result, error = await run_async_node(fn, state, ctx, graph, node)
                 send(_NodeDone(step, node, ctx, result, error))
 
-            self.in_flight = True
             loop.submit(execute_async())
             return
 
-        def execute() -> None:
-            """Runs the node on a task thread and tells the actor how it ended."""
-            result: Step | None = None
-            error: BaseException | None = None
-            try:
-                result = fn(state, ctx)
-                if inspect.isawaitable(result) and loop is not None:  # a plain function returning a coroutine
-                    ctx.is_async = True
-                    result = loop.run(result)
-                if not isinstance(result, Step):
-                    raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
-                if result.next is not None and result.next not in graph.nodes:
-                    raise ValidationError("step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",))
-            except Exception as caught:
-                result, error = None, caught
-            send(_NodeDone(step, node, ctx, result, error))
+        self._node_job = (fn, state, ctx, step, node)  # one node in flight at a time: its job reads it once
+        if self._on_node_thread:
+            self._next_job = self._execute  # the node's thread that finished this step runs the next node as well
+        else:
+            execute = self._execute
+            self.env.scheduler.spawn(f"node-{spec.thread_id}", lambda: run_chain(execute))
 
-        self.in_flight = True
-        self.env.scheduler.spawn(f"node-{spec.thread_id}", execute)
+    def _run_node(self) -> Job | None:
+        """Runs the plain node :meth:`_dispatch` set up, on the calling task thread, then finishes its step there
+        (see :meth:`_finish_step`); returns the run's next node execution, or None."""
+        job, self._node_job = self._node_job, None
+        assert job is not None
+        fn, state, ctx, step, node = job
+        result, error = run_node(fn, state, ctx, self.spec.graph, node, self.env.loop)
+        return self._finish_step(step, node, ctx, result, error)
+
+    def _finish_step(
+        self, step: int, node: str, ctx: NodeContext, result: Step | None, error: BaseException | None
+    ) -> Job | None:
+        """Handles a plain node's end on its own task thread, under the run's lock (as the actor would handle a
+        ``_NodeDone``): commits the step and returns the run's next node execution for this thread to run, or None.
+
+        A run that ended here tells its actor, which then stops (as after any message that ended the run).
+        """
+        with self.lock:
+            self._on_node_thread = True
+            try:
+                self._node_ended(step, node, ctx, result, error)
+            except Exception as error:  # a bug in the run's own code must still end the run cleanly
+                self.crash(error)
+            finally:
+                self._on_node_thread = False
+            job, self._next_job = self._next_job, None
+            finished = self.finished
+        if finished:
+            self._send(_Ended())
+            return None
+        return job
 
     def _record_intent(self, record: EffectRecord) -> None:
         """Commits an effect's intent, fenced by the run's claim. Called on the node's thread, before the
@@ -541,82 +456,108 @@ class ThreadRun:
         self._log.info("effect.intent", op="commit", token=self.token, key=record.key, duration_ms=self._ms(started))
 
     def node_done(self, message: _NodeDone) -> None:
+        """Handles the ``_NodeDone`` of an async node (see :meth:`_node_ended`)."""
+        self._node_ended(message.step, message.node, message.ctx, message.result, message.error)
+
+    def _node_ended(
+        self, step_no: int, node: str, ctx: NodeContext, result: Step | None, error: BaseException | None
+    ) -> None:
         """Commits the node's step (or its failure) and goes on, ends, or stops as the run now must."""
-        if self.finished or message.step != self.step:
+        if self.finished or step_no != self.step:
             return
         self.in_flight = False
         if self.lost is not None:
             self._finish_error(self.lost, release=False)
             return
-        events, effects = message.ctx._drain()
-        if message.error is not None and self.cancelled:
+        events, effects = ctx._drain()
+        if error is not None and (self.cancelled or self._cancel_asked):
             # Stopping (cancel or close) can make a node fail (a child run it waits for was cancelled too):
             # never commit FAILED for that; the thread stays incomplete and a recovery runs the node again.
             self._finish_error(CancelledError("run"), release=True)
             return
-        if message.error is not None and is_transient(message.error, self.env.store):
+        if error is not None and is_transient(error, self.env.store):
             # The node failed because the store did (or a child thread was held by another run), not because
             # of its own logic: commit nothing, release, and leave the thread incomplete for a recovery to run
             # the node again (found by the simulation).
-            self._log.warning(
-                "run.interrupted", op="run", token=self.token, graph_node=message.node, error=_describe(message.error)
-            )
-            self._finish_error(message.error, release=True)
+            self._log.warning("run.interrupted", op="run", token=self.token, graph_node=node, error=_describe(error))
+            self._finish_error(error, release=True)
             return
-        if message.error is not None and is_fatal(message.error, self.env.store):
+        if error is not None and is_fatal(error, self.env.store):
             # The store is damaged or closed: not the node's fault, and no FAILED checkpoint could be written
             # either. End at once; the thread stays as it is, recoverable once the store is repaired.
-            self._finish_error(message.error, release=True)
-            return
-        if message.error is not None:
-            self._fail_node(message.node, _describe(message.error), events, effects, cause=message.error)
-            return
-        step = message.result
-        assert step is not None
-        status = step.status
-        try:
-            cp = self._checkpoint(
-                step=self.step, status=status, state=step.state, next_node=step.next, node=message.node
-            )
-            drafts = list(events)
-            drafts += [
-                EventDraft(
-                    run_id=self.spec.run_id,
-                    type=kind,
-                    timestamp=self.env.clock.now(),
-                    payload=payload,
-                    checkpoint_id=cp.id,
-                    task_id=message.ctx.task_id,
-                    node_id=message.node,
-                )
-                for kind, payload in step.events
-            ]
-            if status is CheckpointStatus.COMPLETED:
-                drafts.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, message.node))
-            elif status is CheckpointStatus.SUSPENDED:
-                drafts.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, message.node))
-            assert self.token is not None
-            commit = Commit(token=self.token, checkpoint=cp, events=drafts, effects=effects)
-        except Exception as error:
             self._finish_error(error, release=True)
+            return
+        if error is not None:
+            self._fail_node(node, _describe(error), events, effects, cause=error)
+            return
+        assert result is not None
+        try:
+            cp, commit, text = self._step_commit(node, ctx.task_id, result, events, effects)
+        except Exception as failure:
+            self._finish_error(failure, release=True)
             return
         # A step the store refuses as invalid (a record over max_json_size) would be refused on every retry
         # and by every recovery, which would run the node again: the run fails instead, without the step.
-        self._commit_then(
-            commit,
-            message.node,
-            lambda: self._step_applied(cp, step),
-            lambda refusal: self._fail_node(message.node, _describe(refusal), [], [], cause=refusal),
-        )
+        self._commit_then(commit, node, self._step_applied, self._step_refused, (cp, result, text))
 
-    def _step_applied(self, cp: Checkpoint, step: Step) -> None:
+    def _step_refused(self, refusal: ValidationError, cp: Checkpoint, step: Step, text: str) -> None:
+        """The store refused a step's commit as invalid: the run fails at the step's node, without the step."""
+        self._fail_node(cp.metadata[g.NODE_KEY], _describe(refusal), [], [], cause=refusal)
+
+    def _step_commit(
+        self, node: str, task_id: str, step: Step, events: list[EventDraft], effects: list[EffectRecord]
+    ) -> tuple[Checkpoint, Commit, str]:
+        """The commit of a node's step: its checkpoint, the node's events (emitted, then returned, then the run's
+        end event) and effects; and the JSON text of the checkpoint's state.
+
+        The step's state and event payloads were validated and encoded when the node built the step; they are
+        not again. Once the run's first checkpoint passed the public constructor (its ids, tenant, origin and
+        turn, the same in every checkpoint of the run), each later step checks only what is new in it - the
+        checkpoint's id, the clock's reading, the task id - and builds the rest as it is (``prevalidated``).
+        """
+        status = step.status
+        state, payloads = step.encoded()
+        now = self.env.clock.now()
+        cp = self._checkpoint(step=self.step, status=status, state=state, next_node=step.next, node=node, now=now)
+        spec = self.spec
+        if self._checked_once:
+            if payloads:
+                v.check_id("event.task_id", task_id)
+            for (kind, _payload), payload in zip(step.events, payloads, strict=True):
+                text, copy = payload.take()
+                events.append(prevalidated(
+                    EventDraft, text, run_id=spec.run_id, type=kind, timestamp=now, payload=copy,
+                    checkpoint_id=cp.id, task_id=task_id, node_id=node,
+                ))
+        else:
+            events += [
+                EventDraft(run_id=spec.run_id, type=kind, timestamp=now, payload=payload, checkpoint_id=cp.id,
+                           task_id=task_id, node_id=node)
+                for (kind, _payload), payload in zip(step.events, payloads, strict=True)
+            ]
+        if status is CheckpointStatus.COMPLETED:
+            events.append(self._event(g.EVENT_RUN_COMPLETED, {"steps": self.steps_run + 1}, cp.id, node))
+        elif status is CheckpointStatus.SUSPENDED:
+            events.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, node))
+        assert self.token is not None
+        if self._checked_once:
+            commit = prevalidated(
+                Commit, token=self.token, checkpoint=cp, pending_writes=(), events=tuple(events),
+                effects=tuple(effects), retract_turn=False, fence=None, metadata=None,
+            )
+        else:
+            commit = Commit(token=self.token, checkpoint=cp, events=events, effects=effects)
+        return cp, commit, state.text
+
+    def _step_applied(self, cp: Checkpoint, step: Step, text: str) -> None:
         """Goes on after a step's commit applied: the next node, the run's end, or the stop a cancel asked for."""
         status = step.status
-        self.base, self.state, self.next_node = cp, step.state, step.next
+        self._keep_state(cp, text)
+        self.next_node = step.next
         self.steps_run += 1
         if status is not CheckpointStatus.RUNNING:
             self._finish_ok(status)
-        elif self.cancelled:
+        elif self.cancelled or self._cancel_asked:
             self._finish_error(CancelledError("run"), release=True)
         else:
             self._dispatch()
@@ -636,7 +577,7 @@ class ThreadRun:
             cp = self._checkpoint(
                 step=self.step,
                 status=CheckpointStatus.FAILED,
-                state=self.state,
+                state=self._own_state(),
                 next_node=node,
                 node=node,
                 extra={g.ERROR_KEY: message[:4000]},
@@ -689,6 +630,12 @@ class ThreadRun:
             return
         self._log.debug("claim.renewed", op="renew", token=self.token, duration_ms=self._ms(started))
         self._schedule_renewal()
+
+    def ask_cancel(self) -> None:
+        """Asks the run to stop at its next step boundary (the handle's ``cancel``; any thread). A step that ends
+        after this returned sees it at once, even on its node's thread; the actor then handles ``_Cancel``."""
+        self._cancel_asked = True
+        self._send(_Cancel())
 
     def cancel(self) -> None:
         """Stops the run at its next step boundary (at once when no node is in flight, and during the pause
@@ -746,7 +693,7 @@ class ThreadRun:
             thread_id=self.spec.thread_id,
             run_id=self.spec.run_id,
             status=status,
-            state=v.copy_json(self.state),
+            state=v.copy_json(self._own_state()),
             checkpoint_id=self.base.id,
             steps=self.steps_run,
             next=self.next_node if status is CheckpointStatus.SUSPENDED else None,
@@ -862,7 +809,7 @@ class ThreadActor(pykka.ThreadingActor):
                 pass  # the run ended already: a late timer or node result has nothing to do
 
         self.run = ThreadRun(spec, env, handle, send, lambda run: on_ended(run.spec.run_id))
-        handle._cancel = lambda: send(_Cancel())
+        handle._cancel = self.run.ask_cancel
 
     def on_start(self) -> None:
         """Runs on the actor's own thread before its first message: makes the thread known for shutdown.
@@ -872,32 +819,36 @@ class ThreadActor(pykka.ThreadingActor):
         self._env.track_thread(threading.current_thread())
 
     def on_receive(self, message: Any) -> Any:
-        """Runs on the actor's own thread, one message at a time: hands the message to the run."""
-        try:
-            if isinstance(message, _Begin):
-                self.run.begin()
-            elif isinstance(message, _RenewDue):
-                self.run.renew_due(message.generation)
-            elif isinstance(message, _NodeDone):
-                self.run.node_done(message)
-            elif isinstance(message, _Cancel):
-                self.run.cancel()
-            elif isinstance(message, _RetryDue):
-                self.run.retry_due(message.generation)
-        except Exception as error:  # a bug in the run's own code must still end the run cleanly
-            self.run.crash(error)
-        if self.run.finished and not self._stopping:
+        """Runs on the actor's own thread, one message at a time: hands the message to the run, under its lock."""
+        run = self.run
+        with run.lock:
+            try:
+                if isinstance(message, _Begin):
+                    run.begin()
+                elif isinstance(message, _RenewDue):
+                    run.renew_due(message.generation)
+                elif isinstance(message, _NodeDone):
+                    run.node_done(message)
+                elif isinstance(message, _Cancel):
+                    run.cancel()
+                elif isinstance(message, _RetryDue):
+                    run.retry_due(message.generation)
+            except Exception as error:  # a bug in the run's own code must still end the run cleanly
+                run.crash(error)
+        if run.finished and not self._stopping:
             self._stopping = True
             self.stop()
         return None
 
     def on_stop(self) -> None:
         """Runs on the actor's own thread just before it exits: ends a run still going (releasing its claim)."""
-        self.run.shutdown()
+        with self.run.lock:
+            self.run.shutdown()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         """Runs on the actor's own thread after an unhandled error, just before it exits: as :meth:`on_stop`."""
-        self.run.shutdown()
+        with self.run.lock:
+            self.run.shutdown()
 
 
 BEGIN = _Begin()

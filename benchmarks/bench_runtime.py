@@ -83,7 +83,8 @@ def looping_graph(go: threading.Event, stop: threading.Event, steps: Callable[[]
     """
 
     def loop(state, ctx):
-        go.wait()
+        if not go.is_set():  # Event.wait takes the event's lock even once set: 100 runs would contend for it
+            go.wait()
         steps()
         new = {**state, "step": state["step"] + 1}
         if stop.is_set():

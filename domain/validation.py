@@ -345,6 +345,38 @@ def encode_json(field: str, value: Any) -> tuple[str, Any]:
     return text, copy
 
 
+class EncodedJson:
+    """A JSON value validated and encoded once, by :func:`encode_json`, for a sealed value's constructor to take as
+    it is: the runtime hands a node's ``Step`` state to the step's checkpoint this way, so a state is validated and
+    encoded once per step (``Checkpoint(state=EncodedJson(...))`` is the same value as ``Checkpoint(state=value)``).
+
+    Built only by validating: ``EncodedJson(field, value)`` raises what :func:`encode_json` raises, naming ``field``,
+    and keeps the text and a private copy of the value (the caller's object is never shared). :meth:`take` hands
+    both over; a second ``take`` hands a fresh copy decoded from the text, so two values never share one.
+    """
+
+    __slots__ = ("_taken", "_text", "_value")
+
+    def __init__(self, field: str, value: Any) -> None:
+        self._text, self._value = encode_json(field, value)
+        self._taken = False
+
+    def __repr__(self) -> str:
+        return f"EncodedJson({self._text[:60]!r}{'…' if len(self._text) > 60 else ''})"
+
+    @property
+    def text(self) -> str:
+        """The compact JSON text (as :func:`encode_json` makes it)."""
+        return self._text
+
+    def take(self) -> tuple[str, Any]:
+        """``(text, value)``: the private copy the first time, a fresh decode of the text after that."""
+        if self._taken:
+            return self._text, _DECODER.decode(self._text)
+        self._taken = True
+        return self._text, self._value
+
+
 def check_run_ids(field: str, value: Any) -> frozenset[str]:
     """Validates a collection of run ids (list, tuple, set or frozenset of ids, never a bare ``str``)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):

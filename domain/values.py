@@ -75,7 +75,9 @@ class _Sealed:
 
     The constructor encodes the JSON field strictly (:func:`~threadloom.domain.validation.encode_json`), keeps
     a fresh copy of it as the field's value (so the value never shares a dict or list with its caller: changing
-    what you passed in changes nothing here) and keeps the text for the store, which writes it as is. A *seal*
+    what you passed in changes nothing here) and keeps the text for the store, which writes it as is; given an
+    :class:`~threadloom.domain.validation.EncodedJson` (validated and encoded already), it takes its text and copy
+    as they are. A *seal*
     keeps every field's object (:func:`intact`): a value whose fields were replaced behind the constructor's back
     (``object.__setattr__``) no longer matches it and is validated and encoded again by :meth:`sealed_json`.
     Values a store decodes from its own text are built with :func:`trusted` and carry no text.
@@ -92,6 +94,10 @@ class _Sealed:
         value = getattr(self, self._JSON_FIELD)
         if value is None:
             object.__setattr__(self, "_json", "null")
+        elif type(value) is v.EncodedJson:  # validated and encoded already (a node's step): taken as it is
+            text, copy = value.take()
+            object.__setattr__(self, self._JSON_FIELD, copy)
+            object.__setattr__(self, "_json", text)
         else:
             text, copy = v.encode_json(self._JSON_NAME, value)
             object.__setattr__(self, self._JSON_FIELD, copy)
@@ -389,6 +395,38 @@ def _public_getter(cls: type) -> Any:
 
 
 _COMMIT_GETTER = _public_getter(Commit)
+
+_FIELDS: dict[type, frozenset[str]] = {
+    cls: frozenset(a.name for a in attrs.fields(cls) if not a.name.startswith("_"))
+    for cls in (Checkpoint, EventDraft, Commit)
+}
+
+
+def prevalidated(cls: type[_T], text: str | None = None, **fields: Any) -> _T:
+    """A :class:`Checkpoint`, :class:`EventDraft` or :class:`Commit` from fields its caller validated already: for
+    the runtime's own records of each step, whose parts were each validated once, where they entered (the node's
+    ``Step``, the graph, the run's first checkpoint, the ids and the clock the runtime checks itself).
+
+    Nothing is checked but that every public field is given. ``text`` is the JSON text of a checkpoint's or an
+    event draft's JSON field, whose value must be a private copy that ``text`` encodes (an
+    :class:`~threadloom.domain.validation.EncodedJson`'s); the store writes it as it is. The value is sealed as
+    its constructor seals it, so a field replaced later is validated again when it is stored.
+
+    Raises:
+        TypeError: a public field is missing or unknown (a bug of the caller).
+    """
+    names = _FIELDS[cls]
+    if fields.keys() != names:
+        raise TypeError(f"{cls.__name__} needs exactly the fields {sorted(names)}, got {sorted(fields)}")
+    value = object.__new__(cls)
+    for name, item in fields.items():
+        object.__setattr__(value, name, item)
+    if cls is Commit:
+        object.__setattr__(value, "_seal", _COMMIT_GETTER(value))
+    else:
+        object.__setattr__(value, "_json", text)
+        object.__setattr__(value, "_seal", cls._GETTER(value))  # type: ignore[attr-defined]
+    return value
 
 
 @attrs.frozen(kw_only=True)

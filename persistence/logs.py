@@ -36,6 +36,15 @@ class SafeLogger:
         except Exception:  # noqa: BLE001 - a logger must not fail its caller
             return self
 
+    def enabled_for(self, level: int) -> bool:
+        """Whether a line at ``level`` (a ``logging`` level) would be written: what a filtering bound logger (the
+        default, or ``make_filtering_bound_logger``) or a standard-library one says; True when it cannot tell."""
+        try:
+            check = getattr(self._inner, "is_enabled_for", None) or getattr(self._inner, "isEnabledFor", None)
+            return True if check is None else bool(check(level))
+        except Exception:  # noqa: BLE001 - a logger must not fail its caller
+            return True
+
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._inner, name)
         if not callable(method):

@@ -80,11 +80,12 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
     ),
     RegressionSeed(seed=115796, found="as seed 109639, after a takeover of the parent"),
     # Planted bugs: each seed is the first that caught its bug (it must keep catching it). Chosen again when effect
-    # intents added store calls to every trace.
-    RegressionSeed(seed=35, plant=("commit_unfenced",), found="a late commit applied with a released token"),
+    # intents added store calls to every trace, and (commit_unfenced, effect_unfenced, stamp_unlocked) when a node's
+    # task began committing its own step, which changed the order of every trace.
+    RegressionSeed(seed=9, plant=("commit_unfenced",), found="a late commit applied with a released token"),
     RegressionSeed(seed=15, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
     RegressionSeed(
-        seed=47, plant=("effect_unfenced",), found="a refused commit left its effect record (an intent) behind"
+        seed=30, plant=("effect_unfenced",), found="a refused commit left its effect record (an intent) behind"
     ),
     RegressionSeed(seed=4, plant=("sweep_unguarded",), found="a sweep removed a protected run's newest checkpoint"),
     RegressionSeed(
@@ -97,7 +98,7 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
         "walk over",
     ),
     RegressionSeed(
-        seed=3,
+        seed=17,
         plant=("stamp_unlocked",),
         found="a commit landed between the stamp's derivation and its write; the thread's rows were left with the "
         "older attributes",

@@ -394,6 +394,23 @@ class _SimCondition:
         self._notified += 1
 
 
+class _SimLock:
+    """A lock whose wait yields to the world (its tasks never run at the same time; one may hold it across a yield)."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._held = False
+
+    def __enter__(self) -> bool:
+        if self._held:
+            self._world.block(lambda: not self._held)
+        self._held = True
+        return True
+
+    def __exit__(self, *_exc: object) -> None:
+        self._held = False
+
+
 class SimScheduler(Scheduler):
     """The :class:`~threadloom.actors.scheduler.Scheduler` of one simulated node.
 
@@ -448,6 +465,10 @@ class SimScheduler(Scheduler):
     def condition(self) -> Any:
         """A condition whose waits yield to the world."""
         return _SimCondition(self.world)
+
+    def lock(self) -> Any:
+        """A lock whose wait yields to the world."""
+        return _SimLock(self.world)
 
     def actor_class(self, cls: type[_A]) -> type[_A]:
         """``cls`` run as a :class:`SimActor` of this node."""

@@ -442,6 +442,32 @@ def test_a_simulated_condition_wakes_on_notify_or_its_timeout():
     assert woke == [("notified", 1.0)]
 
 
+def test_a_simulated_lock_is_held_across_a_yield_and_its_waiter_runs_after_the_release():
+    world = World(0)
+    order: list[tuple[str, float]] = []
+
+    def main() -> None:
+        node = world.node("n")
+        lock = SimScheduler(node).lock()
+
+        def holder() -> None:
+            with lock:
+                order.append(("holder in", (world.now - EPOCH).total_seconds()))
+                world.sleep(timedelta(seconds=2))  # a store call inside the lock yields like this
+                order.append(("holder out", (world.now - EPOCH).total_seconds()))
+
+        def waiter() -> None:
+            world.sleep(timedelta(seconds=1))
+            with lock:
+                order.append(("waiter in", (world.now - EPOCH).total_seconds()))
+
+        world.spawn(node, "holder", holder)
+        world.spawn(node, "waiter", waiter)
+
+    world.run(main, until=EPOCH + timedelta(seconds=30))
+    assert order == [("holder in", 0.0), ("holder out", 2.0), ("waiter in", 2.0)]
+
+
 def test_a_node_starting_an_os_thread_that_blocks_gets_a_clear_error():
     import threading as real_threading
 

@@ -1,0 +1,72 @@
+"""Running one node execution of a run, off its actor: a plain node on a task thread, an ``async def`` node on the
+runtime's event loop.
+
+A plain node's task thread also finishes the step: once the node returned it takes the run's lock and commits
+the step itself, then runs the next node, on the same thread (:func:`run_chain`), so a superstep hands nothing to
+the actor and waits for no other thread. The actor still serializes everything else of the run under the same
+lock (its claim, renewals, cancels, retries of a commit), and a node never runs under the lock, so a renewal never
+waits for a node. An ``async def`` node's end goes to the actor as a message (a commit must not block the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from threadloom.actors.aio import RuntimeLoop
+from threadloom.actors.graph import Graph, NodeContext, Step
+from threadloom.domain.errors import CancelledError, ValidationError
+
+Job = Callable[[], "Job | None"]
+"""One node execution on a task thread; it returns the run's next one to run on the same thread, or None."""
+
+Outcome = tuple[Step | None, BaseException | None]
+"""How a node execution ended: its step, or the error it raised."""
+
+
+def checked_step(result: Any, graph: Graph, node: str) -> Step:
+    """``result`` if it is a ``Step`` whose ``next`` is a node of ``graph``.
+
+    Raises:
+        TypeError: the node returned something else than a ``Step``.
+        ValidationError: ``step.next`` names no node of the graph.
+    """
+    if not isinstance(result, Step):
+        raise TypeError(f"node {node!r} returned {type(result).__name__}, not a Step")
+    if result.next is not None and result.next not in graph.nodes:
+        raise ValidationError("step.next", (f"{result.next!r} is not a node of graph {graph.graph_id!r}",))
+    return result
+
+
+def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loop: RuntimeLoop | None) -> Outcome:
+    """Calls the plain node ``fn(state, ctx)`` on the calling thread; a coroutine it returns runs on ``loop``."""
+    try:
+        result = fn(state, ctx)
+        if type(result) is not Step and loop is not None and inspect.isawaitable(result):  # returned a coroutine
+            ctx.is_async = True
+            result = loop.run(result)
+        return checked_step(result, graph, node), None
+    except Exception as caught:
+        return None, caught
+
+
+async def run_async_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str) -> Outcome:
+    """Awaits the ``async def`` node ``fn(state, ctx)`` on the runtime's event loop.
+
+    A cancellation of the loop's task (the runtime closed with the node in flight) ends it ``CancelledError``.
+    """
+    try:
+        return checked_step(await fn(state, ctx), graph, node), None
+    except asyncio.CancelledError:
+        return None, CancelledError("run")
+    except Exception as caught:
+        return None, caught
+
+
+def run_chain(first: Job) -> None:
+    """A run's node task: runs ``first``, then each job the previous one returned, until one returns None."""
+    job: Job | None = first
+    while job is not None:
+        job = job()
