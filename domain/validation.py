@@ -224,6 +224,17 @@ def dumps_compact(value: Any) -> str:
     return "".join(_C_ENCODER(value, 0))
 
 
+def scan_own(text: str) -> tuple[Any, int]:
+    """The JSON value at the start of ``text`` and where it ends: the C scanner, without the white-space skipping
+    of ``json.loads`` (for text this package encoded).
+
+    Raises:
+        StopIteration: no JSON value starts at 0.
+        json.JSONDecodeError: a malformed value starts there.
+    """
+    return _DECODER.scan_once(text, 0)  # type: ignore[attr-defined]  # set by JSONDecoder(); not in the stubs
+
+
 _INT_LIMIT = 10**MAX_JSON_INT_DIGITS
 
 
