@@ -152,6 +152,15 @@ class WritePressure:
             self.press()
         if self._ratio is None:
             return
+        now = self._clock()
+        started, durations = self._second_started, self._durations
+        if started is not None and started <= now < started + 1.0:
+            # Within the open second, no lock: every write takes this path, and a lock here queued a runtime's node
+            # threads behind each other. ``append`` is atomic; a roll racing it swaps the list (see ``_roll``), so
+            # such a sample counts in the second that just closed, or not at all: a reading, never a wrong state.
+            if len(durations) < RELATIVE_SAMPLES:
+                durations.append(seconds)
+            return
         with self._lock:
             now = self._clock()
             self._roll(now)
@@ -172,7 +181,7 @@ class WritePressure:
         ratio = self._ratio
         if ratio is None or len(durations) < RELATIVE_MIN_CALLS:
             return
-        durations.sort()
+        durations = sorted(durations)  # a copy: a lock-free ``record`` may still append to the list it read
         p90 = durations[min(len(durations) - 1, int(0.9 * len(durations)))]
         self.last_p90 = p90
         baseline = self._baseline
