@@ -54,6 +54,20 @@ from threadloom.persistence.memory.queue import InMemoryRunQueue
 from threadloom.persistence.wakeups import Waiters, Wakeups
 
 
+def _end_before(history: list[Any], thread_id: str, before: str | None) -> int:
+    """Where a page of ``history`` (oldest first) ends: the position of checkpoint ``before``, or its length.
+
+    Raises:
+        CheckpointNotFound: ``before`` is not in the history.
+    """
+    if before is None:
+        return len(history)
+    for position, stored in enumerate(history):
+        if stored.row.id == before:
+            return position
+    raise CheckpointNotFound(thread_id, before)
+
+
 @attrs.define
 class _Claim:
     holder: str
@@ -386,12 +400,7 @@ class InMemoryCheckpointer(StoreBase):
         with self._lock:
             row = self._rows.get(thread_id)
             history = row.history if row is not None else []
-            end = len(history)
-            if before is not None:
-                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
-                if not positions:
-                    raise CheckpointNotFound(thread_id, before)
-                end = positions[0]
+            end = _end_before(history, thread_id, before)
             page = history[max(0, end - limit) : end]
             return [codec.decode_checkpoint(stored.text, thread_id) for stored in reversed(page)]
 
@@ -402,12 +411,7 @@ class InMemoryCheckpointer(StoreBase):
         with self._lock:
             row = self._rows.get(thread_id)
             history = row.history if row is not None else []
-            end = len(history)
-            if before is not None:
-                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
-                if not positions:
-                    raise CheckpointNotFound(thread_id, before)
-                end = positions[0]
+            end = _end_before(history, thread_id, before)
             start = max(0, end - scan)
             found: list[Checkpoint] = []
             for stored in reversed(history[start:end]):
@@ -731,12 +735,7 @@ class InMemoryCheckpointer(StoreBase):
         with self._lock:
             row = self._rows.get(thread_id)
             history = row.history if row is not None else []
-            end = len(history)
-            if before is not None:
-                positions = [i for i, stored in enumerate(history) if stored.row.id == before]
-                if not positions:
-                    raise CheckpointNotFound(thread_id, before)
-                end = positions[0]
+            end = _end_before(history, thread_id, before)
             page = history[max(0, end - limit) : end]
             return self._graph_of(row), [
                 (codec.decode_checkpoint(stored.text, thread_id), stored.stamp) for stored in reversed(page)
