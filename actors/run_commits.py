@@ -78,22 +78,8 @@ class RunCommits:
     def _commit(self, commit: Commit, graph_node: str | None) -> None:
         """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it."""
         started = self.env.clock.now()
-        try:
-            self.env.store.commit(self.spec.thread_id, commit)
-        except OutcomeUnknown as error:
-            cp = commit.checkpoint
-            latest = self._latest_quietly()
-            if cp is None or latest is None or latest.checkpoint.id != cp.id:
-                self._log.warning(
-                    "commit.refused",
-                    op="commit",
-                    token=commit.token,
-                    graph_node=graph_node,
-                    error=_describe(error),
-                    duration_ms=self._ms(started),
-                )
-                raise
-        except ThreadloomError as error:
+
+        def log_refused(error: ThreadloomError) -> None:
             self._log.warning(
                 "commit.refused",
                 op="commit",
@@ -102,6 +88,17 @@ class RunCommits:
                 error=_describe(error),
                 duration_ms=self._ms(started),
             )
+
+        try:
+            self.env.store.commit(self.spec.thread_id, commit)
+        except OutcomeUnknown as error:
+            cp = commit.checkpoint
+            latest = self._latest_quietly()
+            if cp is None or latest is None or latest.checkpoint.id != cp.id:
+                log_refused(error)
+                raise
+        except ThreadloomError as error:
+            log_refused(error)
             if self._own_claim_lost(error):
                 assert isinstance(error, StaleClaim)
                 self._note_lost(error, "commit")
