@@ -224,6 +224,38 @@ def test_a_migration_that_never_gets_its_lock_fails_after_three_tries_with_nothi
         assert admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None
 
 
+def test_a_failed_migration_leaves_the_pool_silent_and_a_callers_pool_its_connection(
+    harness: PgHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an operator: after the tries of a migration failed, psycopg_pool warned "discarding closed
+    connection" (the open closed a healthy connection and handed it back): the open's error is the only report,
+    and a caller's pool gets its connection back open."""
+    from psycopg_pool import ConnectionPool
+
+    from threadloom.persistence.postgres.store import PostgresCheckpointer
+
+    schema = new_schema_name()
+    locker = _hold_migration_lock(harness, schema, seconds=None)
+    pool = ConnectionPool(harness.dsn, min_size=1, max_size=1, kwargs={"autocommit": True}, open=True)
+    try:
+        with caplog.at_level("DEBUG", logger="psycopg"):
+            with pytest.raises(StoreUnavailable):
+                PostgresCheckpointer.open(
+                    harness.dsn, harness.config(schema=schema, call_timeout=timedelta(milliseconds=200))
+                )
+            with pytest.raises(StoreUnavailable):
+                PostgresCheckpointer.create(pool, harness.config(schema=schema, call_timeout=timedelta(milliseconds=200)))
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("psycopg") and r.levelname == "WARNING"]
+        assert warned == []
+        assert pool.get_stats().get("returns_bad", 0) == 0  # the connection came back healthy
+        with pool.connection(timeout=5) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pool.close()
+        locker.rollback()
+        locker.close()
+
+
 def test_a_migration_statement_longer_than_the_call_bound_completes(harness: PgHarness, monkeypatch) -> None:
     """Found by hostile testing: a migration's statement (an index built over a large store) ran under the call
     bound, so a large store could never be migrated; it may now run MIGRATE_STATEMENT_TIMEOUT (locks are still

@@ -19,6 +19,7 @@ import re
 import time
 from datetime import timedelta
 from importlib import resources
+from typing import Any
 
 import attrs
 
@@ -99,7 +100,7 @@ def migrate(db: Database, target: str) -> None:
     statement_ms = max(config.call_timeout_ms, int(MIGRATE_STATEMENT_TIMEOUT.total_seconds() * 1000))
     watch = db.watchdog.enter(conn, time.monotonic() + (MIGRATE_TRIES + 1) * config.deadline_s)
     widened = False
-    discard = True
+    failed = True
     try:
         for attempt in range(MIGRATE_TRIES):
             try:
@@ -109,7 +110,7 @@ def migrate(db: Database, target: str) -> None:
                     row = cur.fetchone()
                     if row is not None and row[0] >= latest:
                         _check_version(config.schema, row[0], latest)
-                        discard = False
+                        failed = False
                         return
                     if not config.create:  # a reader never migrates
                         raise ProcessingError(
@@ -143,7 +144,7 @@ def migrate(db: Database, target: str) -> None:
                             cur.execute(db.render(q.RECORD_VERSION), (step.version,))
                 if current < latest:
                     log.info("store.migrated", op="open", schema=config.schema, version=latest)
-                discard = False
+                failed = False
                 return
             except (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable):
                 # CREATE SCHEMA/TABLE IF NOT EXISTS raced a creator that does not take our lock: try again.
@@ -165,8 +166,21 @@ def migrate(db: Database, target: str) -> None:
         broken = bool(conn.closed or conn.broken)
         raise db.error(error, "open", None, write=False, aborted=aborted, broken=broken) from None
     finally:
-        discard = db.watchdog.leave(watch) is not None or discard
+        # A try that failed rolled back whole and left the connection idle: it goes back to the pool as it is. One
+        # the watchdog aborted, or left broken or mid-transaction, is closed; a pool handed a closed connection
+        # logs a warning ("discarding closed connection") that repeats the open's own error, so a failed open
+        # closes its own pool first (the store closes it next anyway) and the connection closes with it, quietly.
+        discard = db.watchdog.leave(watch) is not None or not _idle(conn)
+        if failed and db.owns_pool:
+            db.pool.close(timeout=config.connect_timeout.total_seconds())
         db.give_back(conn, discard=discard, restore=restore)
+
+
+def _idle(conn: Any) -> bool:
+    """Whether ``conn`` is open, not broken, and outside any transaction."""
+    from psycopg.pq import TransactionStatus
+
+    return not (conn.closed or conn.broken) and conn.info.transaction_status == TransactionStatus.IDLE
 
 
 def _check_version(schema: str, current: int, latest: int) -> None:
