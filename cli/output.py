@@ -189,6 +189,36 @@ def error_document(kind: str, message: str) -> dict[str, Any]:
     return {"error": {"type": kind, "message": message}}
 
 
+def parse_json_option(option: str, text: str) -> Any:
+    """The JSON value of the ``option`` a user gave as ``text`` (strict: ``NaN``/``Infinity`` refused, and an
+    object that names one key twice is refused rather than keeping the last value, which the user may not mean).
+
+    Raises:
+        CliError: exit status :data:`EXIT_USAGE`, kind ``ValidationError``, one line naming ``option`` and what is
+            wrong (the duplicated key, the position of a syntax error, nesting too deep).
+    """
+    import json  # here, not at the top: --help and --version parse no JSON
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        made: dict[str, Any] = {}
+        for key, value in items:
+            if key in made:
+                raise CliError(f"{option} names the key {json_text(key)} twice in one object", EXIT_USAGE,
+                               kind="ValidationError")
+            made[key] = value
+        return made
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except ValueError as error:
+        raise CliError(f"{option} is not a JSON value: {error}", EXIT_USAGE, kind="ValidationError") from None
+    except RecursionError:
+        raise CliError(f"{option} nests too deeply to be read", EXIT_USAGE, kind="ValidationError") from None
+
+
 class Outcome:
     """What the error report of one run needs to know: JSON wanted, and whether a JSON document was printed."""
 
@@ -517,6 +547,7 @@ __all__ = [
     "json_text",
     "new_table",
     "parse_duration",
+    "parse_json_option",
     "pending_write_json",
     "printable",
     "scrub",

@@ -9,7 +9,6 @@ entry in the wrong state, a live lease without ``--force``) change nothing and e
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -19,7 +18,16 @@ from typing import Any
 import click
 from rich.text import Text
 
-from threadloom.cli.output import EXIT_USAGE, CliError, CliState, cell, new_table, printable, state_of
+from threadloom.cli.output import (
+    EXIT_USAGE,
+    CliError,
+    CliState,
+    cell,
+    new_table,
+    parse_json_option,
+    printable,
+    state_of,
+)
 from threadloom.domain import rules
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.validation import MAX_DURATION
@@ -234,17 +242,12 @@ def enqueue(
     """Add an open entry asking a worker ('threadloom serve') for a run of --graph on THREAD with --input.
 
     A store that does not exist yet is created. Refused (exit 2, nothing written): input that is not JSON, a bad
-    thread, graph or tenant id. Running the
+    thread, graph or tenant id. An object in --input that names a key twice is refused too. Running the
     command again after a failure may add a second entry (entries have no idempotency key): check with
     'queue list' first.
     """
     state = state_of(ctx)
-    try:
-        value = json.loads(input_text, parse_constant=_no_constant)
-    except ValueError as error:
-        raise CliError(f"--input is not a JSON value: {error}", EXIT_USAGE, kind="ValidationError") from None
-    except RecursionError:
-        raise CliError("--input nests too deeply to be read", EXIT_USAGE, kind="ValidationError") from None
+    value = parse_json_option("--input", input_text)
     if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
         raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
@@ -253,10 +256,6 @@ def enqueue(
         state.emit({"entry": entry_json(entry, _now())})
         return
     state.out.print(cell(f"entry {entry.entry_id} enqueued (thread {entry.thread_id}, graph {entry.graph_id})"))
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def cancel_holder() -> str:

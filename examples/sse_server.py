@@ -59,6 +59,23 @@ _REASONS = {
 }  # fmt: skip
 
 
+class DuplicateKey(ValueError):
+    """A JSON object of a request body names ``key`` twice (``json.loads`` would keep the last value silently)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    made: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in made:
+            raise DuplicateKey(key)
+        made[key] = value
+    return made
+
+
 class HttpError(Exception):
     """An error answered before the stream starts."""
 
@@ -156,7 +173,9 @@ class SseServer:
         self, thread_id: str, body: bytes, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
     ) -> None:
         try:
-            request = json.loads(body or b"{}")
+            request = json.loads(body or b"{}", object_pairs_hook=_unique_keys)
+        except DuplicateKey as error:
+            raise HttpError(400, f"the body names the key {error.key!r} twice in one object") from None
         except ValueError:
             raise HttpError(400, "the body is not JSON") from None
         if not isinstance(request, dict):

@@ -64,6 +64,7 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     [
         (_post("/threads/t/runs", b'{"graph": []}'), 400),  # an unhashable graph name
         (_post("/threads/t/runs", b'{"graph": {"a": 1}}'), 400),
+        (_post("/threads/t/runs", b'{"graph": "echo", "input": {"n": 1, "n": 2}}'), 400),  # a key named twice
         (b"POST /threads/t/runs HTTP/1.1\r\ncontent-length: \xb2\r\n\r\n", 400),  # a digit, not an ASCII one
         (b"POST /threads/t/runs HTTP/1.1\r\ncontent-length: " + b"9" * 5000 + b"\r\n\r\n", 413),
         (b"GET /threads/t/events HTTP/1.1\r\nlast-event-id: \xb2\r\n\r\n", 400),

@@ -652,3 +652,18 @@ def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(
         refused = run(backend, "queue", "enqueue", *bad)
         assert refused.exit_code == EXIT_USAGE, (bad, refused.output)
     assert backend.dump() == before
+
+
+def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backend, store: Any) -> None:
+    """Found by an operator: ``--input '{"n": 1, "n": 2}'`` was enqueued with ``{"n": 2}`` (the last value won)."""
+    before = backend.dump()
+    for text, key in (('{"n": 1, "n": 2}', '"n"'), ('[{"a": {"b\\u00e9": 1, "bé": 2}}]', '"bé"')):
+        refused = run(backend, "queue", "enqueue", "t", "--graph", "qa", "--input", text)
+        assert refused.exit_code == EXIT_USAGE, refused.output
+        lines = refused.output.strip().splitlines()
+        assert len(lines) == 1 and "--input" in lines[0] and f"key {key} twice" in lines[0], refused.output
+        as_json = run(backend, "--json", "queue", "enqueue", "t", "--graph", "qa", "--input", text)
+        assert as_json.exit_code == EXIT_USAGE
+        assert json.loads(as_json.stdout.splitlines()[0])["error"]["type"] == "ValidationError"
+    assert backend.dump() == before
+    assert store.queue.entries(limit=10) == []
