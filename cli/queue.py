@@ -78,6 +78,12 @@ def age_text(span: timedelta) -> str:
     return f"{secs}s"
 
 
+def clock_text(when: datetime, now: datetime) -> str:
+    """``when`` in UTC: ``HH:MM:SS`` on the UTC day of ``now``, else ``YYYY-MM-DD HH:MM:SS``."""
+    when = when.astimezone(UTC)
+    return f"{when:%H:%M:%S}" if when.date() == now.astimezone(UTC).date() else f"{when:%Y-%m-%d %H:%M:%S}"
+
+
 def _iso(when: datetime | None) -> str | None:
     return None if when is None else when.isoformat()
 
@@ -149,33 +155,38 @@ def queue() -> None:
               help="Start after this entry id (the cursor a page prints).")
 @click.pass_context
 def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, limit: int, after: int) -> None:
-    """List run-queue entries, oldest first: thread, graph, attempts and their runs, lease, age.
+    """List run-queue entries, oldest first: thread, tenant, graph, attempts and their runs, lease, age.
 
-    Below the table, each listed entry that has an error text (a failed or cancelled one) prints it on a line of
-    its own.
+    An open entry not leasable yet (enqueued with --delay, or pushed back by a released lease) says when it
+    becomes available. Below the table, each listed entry that has an error text (a failed or cancelled one)
+    prints it on a line of its own.
 
-    Without --tenant it lists every tenant's entries. Ages and lease states are judged by this host's clock
-    against the times the store stamped.
+    Without --tenant it lists every tenant's entries. Times are the store's stamps (UTC); ages, lease states and
+    availability are judged by the store's clock, read once as the listing starts (--json: "read_at").
     """
     state = state_of(ctx)
     q = _queue(state, read_only=True)
     wanted = wanted.lower() if wanted else None
+    now = q.depth().read_at  # the store's clock: the one that stamped the entries' times
     items, cursor = list_entries(
         q, state=wanted, tenant=tenant, all_tenants=tenant is None, limit=limit, after=after
     )
-    now = _now()
     if state.json_output:
-        state.emit({"entries": [entry_json(e, now) for e in items], "next": cursor})
+        state.emit({"entries": [entry_json(e, now) for e in items], "next": cursor, "read_at": _iso(now)})
         return
     title = "run queue" + (f" of tenant {tenant!r}" if tenant is not None else "") + (f", {wanted}" if wanted else "")
-    table = new_table(title, "entry", "thread", "graph", "state", "tries", "runs", "lease", "age")
+    table = new_table(title, "entry", "thread (tenant)", "graph", "state", "tries", "runs", "lease", "age")
     for e in items:
         lease = ""
         if e.leased_by is not None and e.lease_expires_at is not None:
-            lease = f"{e.leased_by} until {e.lease_expires_at.astimezone(UTC):%H:%M:%S}"
+            lease = f"{e.leased_by} until {clock_text(e.lease_expires_at, now)}"
+        shown = entry_state(e, now)
+        if e.open and e.available_at > now:
+            shown += f", from {clock_text(e.available_at, now)}"
         table.add_row(
-            cell(e.entry_id), cell(e.thread_id), cell(e.graph_id), cell(entry_state(e, now)), cell(e.attempts),
-            cell(" ".join(e.run_ids)), cell(lease), cell(age_text(now - e.enqueued_at)),
+            cell(e.entry_id), cell(e.thread_id if e.tenant_id is None else f"{e.thread_id} ({e.tenant_id})"),
+            cell(e.graph_id), cell(shown),
+            cell(e.attempts), cell(" ".join(e.run_ids)), cell(lease), cell(age_text(now - e.enqueued_at)),
         )
     state.out.print(table)
     for e in items:  # below the table, so it still fits 80 columns: an error text is often long

@@ -164,9 +164,31 @@ def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(ba
     assert listed("--after", str(a.entry_id)) == [b.entry_id, c.entry_id]
     table = run(backend, "queue", "list")
     assert "worker-1" in table.output and "run-a1" in table.output and "3 entries" in table.output
+    assert "acme" in table.output and "other" in table.output  # each entry's tenant
     assert f"entry {b.entry_id}: boom" in table.output  # a failed entry's error, below the table
     assert f"entry {a.entry_id}:" not in table.output
     assert backend.dump() == before  # listing reads only
+
+
+def test_queue_list_says_when_a_delayed_entry_becomes_available_by_the_stores_clock(
+    backend: Backend, store: Any
+) -> None:
+    """Found by an operator: a delayed entry looked like any open one, and nothing said whose entry it was."""
+    now = store.queue.depth().read_at
+    delayed = store.queue.enqueue("t-later", graph_id="qa", tenant_id="acme", delay=timedelta(hours=2))
+    soon = store.queue.enqueue("t-now", graph_id="qa")
+    before = backend.dump()
+    doc = json.loads(run(backend, "--json", "queue", "list").output)
+    read_at = datetime.fromisoformat(doc["read_at"])
+    assert now <= read_at < datetime.fromisoformat(doc["entries"][0]["available_at"])
+    assert [e["state"] for e in doc["entries"]] == ["open", "open"]  # --json: unchanged fields, read_at added
+    table = " ".join(run(backend, "queue", "list").output.split())
+    available = delayed.available_at.astimezone(UTC)
+    shown = f"{available:%H:%M:%S}" if available.date() == read_at.astimezone(UTC).date() else f"{available:%Y-%m-%d}"
+    assert f"open, from {shown}" in table and "acme" in table, table
+    assert table.count(", from ") == 1  # the entry leasable now says nothing more
+    assert soon.entry_id in [e["entry_id"] for e in doc["entries"]]
+    assert backend.dump() == before
 
 
 # -- queue cancel --------------------------------------------------------------------------------------------------
@@ -591,9 +613,12 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
                 graph_id="a-graph-with-a-long-name", state={"text": "x" * 300},
                 metadata={"customer": "a-rather-long-customer-name", "channel": "email"},
             )))
-            entry = store.queue.enqueue(thread, graph_id="a-graph-with-a-long-name", input={"n": i})
+            entry = store.queue.enqueue(thread, graph_id="a-graph-with-a-long-name", input={"n": i},
+                                        tenant_id="a-tenant-with-a-long-name-0123456789")
             lease = store.queue.lease(f"worker-node-{i}.example.internal", TTL)
             store.queue.record_run(entry.entry_id, lease.attempt, f"worker-node-{i}:run-0123456789abcdef")
+        store.queue.enqueue("customer-support-conversation-9999-with-a-long-identifier", tenant_id="t-delayed",
+                            graph_id="a-graph-with-a-long-name", delay=timedelta(days=3))
         tenant = "a-tenant-with-a-rather-long-name-for-an-eighty-column-terminal-0123456789"
         claim = store.claim("tenanted", ClaimRequest(holder="r", ttl=TTL, tenant_id=tenant))
         store.commit("tenanted", Commit(token=claim.token, checkpoint=Checkpoint(
@@ -611,6 +636,8 @@ def test_tables_fit_an_80_column_terminal(tmp_path: Path) -> None:
             assert "customer" in shown.text  # ids fold inside their cells
         else:
             assert "a-tenant-with" in shown.text and "(no tenant)" in shown.text
+        if args[0] == "queue":
+            assert "(t-delay" in shown.text and "from" in shown.text and "(a-tenan" in shown.text  # cells fold
         if args[0] == "threads":
             assert "1 more root thread(s) belong to 1 tenant(s)" in " ".join(shown.text.split())
 
