@@ -349,6 +349,20 @@ async def main(url: str, port: int) -> None:  # pragma: no cover - the command-l
         store.close()
 
 
+def quiet_logs() -> None:
+    """Routes structlog's lines (threadloom's, every run logs some) to stderr, warnings and up: the library never
+    configures logging, and unconfigured structlog prints every level to stdout (README "Configuration")."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
 if __name__ == "__main__":  # pragma: no cover
+    quiet_logs()
     url_arg = sys.argv[1] if len(sys.argv) > 1 else "sqlite:///threadloom.db"
     asyncio.run(main(url_arg, int(sys.argv[2]) if len(sys.argv) > 2 else 8080))

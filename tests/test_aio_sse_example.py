@@ -150,3 +150,25 @@ def test_a_stream_of_a_thread_not_yet_started_answers_200_and_gets_the_run_that_
         assert [m["id"] for m in seen] == [m["id"] for m in run] and len(seen) == 4
     finally:
         conn.close()
+
+
+def test_the_example_run_as_a_program_prints_only_its_own_lines_on_stdout(tmp_path) -> None:
+    """Found by a user: run as a program, the example printed the runtime's structlog info lines on stdout."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "threadloom.examples.sse_server", f"sqlite:///{tmp_path / 'x.db'}", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+        assert first.startswith("listening on http://127.0.0.1:"), first
+        port = int(first.rsplit(":", 1)[1])
+        status, messages = _post(port, "/threads/t/runs", {"graph": "echo", "input": {"text": "a b"}})
+        assert status == 200 and messages, messages
+    finally:
+        server.terminate()
+        out, _err = server.communicate(timeout=30)
+    assert out == "", out  # nothing after the "listening" line: the run's log lines went to stderr

@@ -28,7 +28,7 @@ def test_the_agent_runs_section_runs_as_written(tmp_path: pathlib.Path) -> None:
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    printed = [line for line in done.stdout.splitlines() if line.startswith("CheckpointStatus")]
+    printed = done.stdout.splitlines()  # the example keeps structlog's lines off stdout
     assert printed == [
         "CheckpointStatus.COMPLETED RESULTS FOR WHY FENCE?",
         "CheckpointStatus.COMPLETED RESULTS FOR WHY CLAIMS?",  # the second turn searched again
@@ -44,16 +44,20 @@ def test_the_access_schemas_section_runs_as_written(tmp_path: pathlib.Path) -> N
         [sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["['c1'] []"], done.stdout
+    assert done.stdout.splitlines() == ["committed c1: ['c1'] []"], done.stdout
+    again = subprocess.run(  # found by a user: a second run on the same file failed with CheckpointConflict
+        [sys.executable, "-c", blocks[0]], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == ["committed c2: ['c2', 'c1'] []"], again.stdout
 
 
 def test_the_asyncio_section_runs_as_written(tmp_path: pathlib.Path) -> None:
     blocks = section_blocks("asyncio")
     assert len(blocks) == 1, blocks
-    # structlog's lines go to stderr: printed from other threads, they could split the block's own lines
-    logs_aside = "import sys, structlog\nstructlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))\n"
+    # the block routes structlog's lines to stderr itself: stdout holds only what it prints
     done = subprocess.run(
-        [sys.executable, "-c", logs_aside + blocks[0]],
+        [sys.executable, "-c", blocks[0]],
         cwd=tmp_path,
         capture_output=True,
         text=True,
