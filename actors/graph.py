@@ -480,22 +480,7 @@ class NodeContext:
         recorded = self._read_effect(keys.record)
         if recorded is not None:
             return recorded.result
-        intent = self._read_effect(keys.intent)
-        if intent is not None:
-            _log.warning(
-                "effect.uncertain",
-                thread_id=self.thread_id,
-                run_id=self.run_id,
-                graph_node=self.node,
-                key=key,
-                idempotency_key=keys.idempotency,
-                intent_run=intent.run_id,
-                on_uncertain=on_uncertain if isinstance(on_uncertain, str) else "callable",
-            )
-            if on_uncertain == "raise":
-                raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
-            if callable(on_uncertain):
-                call = on_uncertain
+        call = self._uncertain(key, keys, on_uncertain, self._read_effect(keys.intent), call)
         # Always, even over an earlier intent (first-wins keeps that one): the write is fenced, so a run whose
         # thread was taken over since it read the records above stops here instead of calling.
         self._intend(key, scope, keys)
@@ -513,26 +498,34 @@ class NodeContext:
         if recorded is not None:
             return recorded.result
         intent = await loop.run_in_executor(None, self._read_effect, keys.intent)
-        if intent is not None:
-            _log.warning(
-                "effect.uncertain",
-                thread_id=self.thread_id,
-                run_id=self.run_id,
-                graph_node=self.node,
-                key=key,
-                idempotency_key=keys.idempotency,
-                intent_run=intent.run_id,
-                on_uncertain=on_uncertain if isinstance(on_uncertain, str) else "callable",
-            )
-            if on_uncertain == "raise":
-                raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
-            if callable(on_uncertain):
-                call = on_uncertain
+        call = self._uncertain(key, keys, on_uncertain, intent, call)
         await loop.run_in_executor(None, self._intend, key, scope, keys)
         result = call(keys.idempotency)
         if inspect.isawaitable(result):
             result = await result
         return self._record(key, keys, result)
+
+    def _uncertain(
+        self, key: str, keys: EffectKeys, on_uncertain: Any, intent: EffectRecord | None, call: Callable[[str], Any]
+    ) -> Callable[[str], Any]:
+        """What ``ctx.effect`` calls, given the intent an earlier execution recorded (or None): ``call`` when there
+        is none; else, after an ``effect.uncertain`` warning, ``call`` again (``"repeat"``), ``on_uncertain`` (a
+        callable), or ``EffectMayHaveRun`` (``"raise"``)."""
+        if intent is None:
+            return call
+        _log.warning(
+            "effect.uncertain",
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            graph_node=self.node,
+            key=key,
+            idempotency_key=keys.idempotency,
+            intent_run=intent.run_id,
+            on_uncertain=on_uncertain if isinstance(on_uncertain, str) else "callable",
+        )
+        if on_uncertain == "raise":
+            raise EffectMayHaveRun(self.thread_id, key, keys.idempotency, intent.run_id, intent.recorded_at)
+        return on_uncertain if callable(on_uncertain) else call
 
     def _record(self, key: str, keys: EffectKeys, result: Any) -> Any:
         """Checks an effect's result (JSON, within the store's limit) and keeps its record for the step's commit."""
