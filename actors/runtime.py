@@ -33,15 +33,15 @@ from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadS
 from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
 from threadloom.actors.subscription import Subscription, Tail, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
+from threadloom.actors.thread_reads import ThreadReadsMixin, check_instance
 from threadloom.actors.walker import DEFAULT_GROUP, ShareQuery, WalkSetup, WalksQuery, store_access
 from threadloom.domain import validation as v
-from threadloom.domain.access import AccessSchemas, AccessStampOptions, TenantExportPage, WalkRecord, member_group
+from threadloom.domain.access import AccessSchemas, AccessStampOptions, WalkRecord, member_group
 from threadloom.domain.clock import Clock
 from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,
     ProcessingError,
-    TenantMismatch,
     ThreadBusy,
     ValidationError,
 )
@@ -51,13 +51,8 @@ from threadloom.domain.values import (
     Checkpoint,
     CheckpointOrigin,
     CheckpointStatus,
-    EventRecord,
-    StoredCheckpoint,
     SweepPage,
     SweepPolicy,
-    ThreadCursor,
-    ThreadPage,
-    ThreadQuery,
 )
 from threadloom.persistence.aio import AsyncStore
 from threadloom.persistence.base import Checkpointer
@@ -82,13 +77,7 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"[:200]
 
 
-def _instance(field: str, value: Any, kind: type) -> Any:
-    if not isinstance(value, kind):
-        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
-    return value
-
-
-class GraphRuntime(AsyncRuntimeMixin):
+class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
     """Runs graphs on durable, fenced threads.
 
     Args:
@@ -138,14 +127,14 @@ class GraphRuntime(AsyncRuntimeMixin):
         access_group: str = DEFAULT_GROUP,
         meter: Meter | None = None,
     ) -> None:
-        _instance("store", store, Checkpointer)
+        check_instance("store", store, Checkpointer)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         if not callable(getattr(self.clock, "now", None)):
             raise ValidationError("clock", ("must have a now() method returning an aware datetime",))
         self.node_id = v.check_id("node_id", node_id if node_id is not None else default_node_id())
-        self.claim_policy = _instance("claim_policy", claim_policy or ClaimPolicy(), ClaimPolicy)
-        self.watch_policy = _instance("watch_policy", watch_policy or WatchPolicy(), WatchPolicy)
+        self.claim_policy = check_instance("claim_policy", claim_policy or ClaimPolicy(), ClaimPolicy)
+        self.watch_policy = check_instance("watch_policy", watch_policy or WatchPolicy(), WatchPolicy)
         if queue is None:
             found = getattr(store, "queue", None)
             queue = found if isinstance(found, RunQueue) else None
@@ -153,10 +142,10 @@ class GraphRuntime(AsyncRuntimeMixin):
             raise ValidationError("queue", (f"must be a RunQueue, got {type(queue).__name__}",))
         self.queue = queue
         if sweep is not None:
-            _instance("sweep", sweep, SweepSchedule)
+            check_instance("sweep", sweep, SweepSchedule)
         v.check_positive_duration("close_timeout", close_timeout)
         if meter is not None:
-            _instance("meter", meter, Meter)
+            check_instance("meter", meter, Meter)
         self.metrics = RuntimeMetrics(meter, self.node_id)
         """The runtime's metrics (``metrics.meter`` is the meter given, or None)."""
         self._close_timeout = close_timeout
@@ -203,15 +192,15 @@ class GraphRuntime(AsyncRuntimeMixin):
     ) -> WalkSetup | None:
         """What this runtime walks (None: nothing declared); validates the access arguments."""
         member_group(group)  # ValidationError naming "group" for a bad one
-        options = _instance("access_options", options or AccessStampOptions(), AccessStampOptions)
+        options = check_instance("access_options", options or AccessStampOptions(), AccessStampOptions)
         if meter is not None:
-            _instance("meter", meter, Meter)
+            check_instance("meter", meter, Meter)
         else:
             found = getattr(store, "meter", None)
             meter = found if isinstance(found, Meter) else None
         stored = store_access(store)
         if access is not None:
-            _instance("access", access, AccessSchemas)
+            check_instance("access", access, AccessSchemas)
             if stored is not None and stored != access:
                 raise ValidationError(
                     "access",
@@ -243,12 +232,6 @@ class GraphRuntime(AsyncRuntimeMixin):
         except pykka.ActorDeadError:
             raise ProcessingError(operation, "the runtime is closed; make a new GraphRuntime") from None
 
-    def _check_tenant(self, thread_id: str, tenant_id: str | None) -> StoredCheckpoint | None:
-        latest = self.store.latest(thread_id)
-        if latest is not None and latest.checkpoint.tenant_id != tenant_id:
-            raise TenantMismatch(thread_id, tenant_id)
-        return latest
-
     # -- runs -------------------------------------------------------------------------------------------------
 
     def _run(
@@ -266,7 +249,7 @@ class GraphRuntime(AsyncRuntimeMixin):
     ) -> RunHandle:
         operation = kind.value
         v.check_id("thread_id", thread_id)
-        _instance("graph", graph, Graph)
+        check_instance("graph", graph, Graph)
         v.check_json("input", input)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_optional_id("run_id", run_id)
@@ -384,7 +367,7 @@ class GraphRuntime(AsyncRuntimeMixin):
             As :meth:`NodeContext.spawn`.
         """
         v.check_id("thread_id", thread_id)
-        _instance("graph", graph, Graph)
+        check_instance("graph", graph, Graph)
         v.check_json("input", input)
         if thread_id == ctx.thread_id:
             raise ValidationError("thread_id", ("a child thread must be another thread than its parent",))
@@ -554,66 +537,6 @@ class GraphRuntime(AsyncRuntimeMixin):
 
     # -- threads ----------------------------------------------------------------------------------------------
 
-    def latest(self, thread_id: str, tenant_id: str | None = None) -> StoredCheckpoint | None:
-        """The thread's latest checkpoint and pending writes, for ``tenant_id``; None for a new thread.
-
-        Raises:
-            TenantMismatch: the thread is another tenant's.
-        """
-        v.check_id("thread_id", thread_id)
-        v.check_optional_id("tenant_id", tenant_id)
-        self._ensure_open("latest")
-        return self._check_tenant(thread_id, tenant_id)
-
-    def history(
-        self, thread_id: str, tenant_id: str | None = None, *, limit: int = 50, before: str | None = None
-    ) -> list[Checkpoint]:
-        """Up to ``limit`` (1..1000) of the thread's checkpoints stamped for ``tenant_id``, newest first, before
-        checkpoint ``before`` (README "Access schemas": tenant-scoped reads fail closed).
-
-        Read through the store's ``tenant_history``: a checkpoint stamped for another tenant is never returned,
-        and one without the current schema's stamp is first stamped from its thread's latest checkpoint (one
-        write transaction), never shown unchecked. Another tenant's thread reads as an empty list.
-
-        Raises:
-            CheckpointNotFound: ``before`` is not a checkpoint of the thread.
-            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
-            Retrying is safe.
-        """
-        v.check_id("thread_id", thread_id)
-        v.check_optional_id("tenant_id", tenant_id)
-        self._ensure_open("history")
-        return self.store.tenant_history(thread_id, tenant_id, limit=limit, before=before)
-
-    def events(
-        self, thread_id: str, tenant_id: str | None = None, *, after_seq: int = 0, limit: int = 100
-    ) -> list[EventRecord]:
-        """Up to ``limit`` (1..1000) of the thread's events with ``seq > after_seq`` stamped for ``tenant_id``,
-        oldest first, read through the store's ``tenant_events_after`` (fails closed like :meth:`history`).
-
-        Raises:
-            ReplayUnavailable: ``after_seq`` is below the thread's replay floor; ThreadDeleted: the thread is gone.
-            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
-            Retrying is safe.
-        """
-        v.check_id("thread_id", thread_id)
-        v.check_optional_id("tenant_id", tenant_id)
-        self._ensure_open("events")
-        return self.store.tenant_events_after(thread_id, tenant_id, after_seq, limit)
-
-    def export_tenant(self, tenant_id: str | None, *, after: str | None = None, limit: int = 10) -> TenantExportPage:
-        """One page (``limit`` 1..100 threads) of ``tenant_id``'s threads, ascending by thread id after ``after``,
-        each with its checkpoints, pending writes, events and effect records - only rows stamped for that tenant
-        (the store's ``export_tenant``; README "Access schemas"). Page on with the page's ``next``.
-
-        Raises:
-            ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
-            Retrying is safe.
-        """
-        v.check_optional_id("tenant_id", tenant_id)
-        self._ensure_open("export_tenant")
-        return self.store.export_tenant(tenant_id, after=after, limit=limit)
-
     def delete_thread(self, thread_id: str, tenant_id: str | None = None) -> list[str]:
         """Deletes the thread and all its descendants, each delete fenced by the root's claim.
 
@@ -636,40 +559,6 @@ class GraphRuntime(AsyncRuntimeMixin):
         v.check_optional_id("tenant_id", tenant_id)
         self._ensure_open("delete_thread")
         return CascadeDelete(self._env, thread_id, tenant_id).run()
-
-    def children(
-        self, thread_id: str, tenant_id: str | None = None, *, limit: int = 50, after: str | None = None
-    ) -> list[str]:
-        """Up to ``limit`` (1..1000) direct children of the thread, oldest first, after child ``after``.
-
-        The runtime checks the parent's tenant.
-
-        Raises:
-            TenantMismatch: the parent is another tenant's.
-            ValidationError: a bad argument, or ``after`` is not known as a child of the thread.
-        """
-        v.check_id("thread_id", thread_id)
-        v.check_optional_id("tenant_id", tenant_id)
-        self._ensure_open("children")
-        self._check_tenant(thread_id, tenant_id)
-        return self.store.children(thread_id, limit=limit, after=after)
-
-    def threads(self, query: ThreadQuery) -> ThreadPage:
-        """A page of ``query.tenant_id``'s root threads, newest first: only that tenant's."""
-        _instance("query", query, ThreadQuery)
-        self._ensure_open("threads")
-        return self.store.threads(query)
-
-    def incomplete(
-        self, tenant_id: str | None = None, *, limit: int = 50, after: ThreadCursor | None = None
-    ) -> ThreadPage:
-        """The tenant's incomplete root threads (IDLE), oldest first; only that tenant's.
-
-        A thread whose cascade delete began is not listed. For operators: a queue entry, not this list, says
-        which run should run again.
-        """
-        self._ensure_open("incomplete")
-        return self.store.incomplete(tenant_id, limit=limit, after=after)
 
     # -- access walks -------------------------------------------------------------------------------------------
 
@@ -708,7 +597,7 @@ class GraphRuntime(AsyncRuntimeMixin):
         Returns:
             The pages, in order.
         """
-        _instance("policy", policy, SweepPolicy)
+        check_instance("policy", policy, SweepPolicy)
         self._ensure_open("sweep")
         pages: list[SweepPage] = []
         after: str | None = None
@@ -798,16 +687,16 @@ class GraphRuntime(AsyncRuntimeMixin):
                 raise ValidationError("graphs", ("must be a mapping of graph id to Graph, or a collection of Graph",))
             served = {}
             for graph in graphs:
-                _instance("graphs item", graph, Graph)
+                check_instance("graphs item", graph, Graph)
                 served[graph.graph_id] = graph
         if not served:
             raise ValidationError("graphs", ("must name at least one graph",))
         for key, graph in served.items():
-            _instance(f"graphs[{key!r}]", graph, Graph)
+            check_instance(f"graphs[{key!r}]", graph, Graph)
             if key != graph.graph_id:
                 raise ValidationError(f"graphs[{key!r}]", (f"is graph {graph.graph_id!r}: key it by its graph_id",))
         v.check_int("concurrency", concurrency, low=1, high=256)
-        policy = _instance("policy", policy or ServePolicy(), ServePolicy)
+        policy = check_instance("policy", policy or ServePolicy(), ServePolicy)
         queue = self._queue("serve")
         self._ensure_open("serve")
         server = Server(abandon=self._abandon)
