@@ -33,7 +33,7 @@ from threadloom.actors.scheduler import IdFactory, RandomIds, Scheduler, ThreadS
 from threadloom.actors.serve import QueueWorker, Server, wait_until_signalled
 from threadloom.actors.subscription import Subscription, Tail, check_tenant
 from threadloom.actors.supervisor import Abandon, Drain, LiveRuns, Spawn, Supervisor, SweepOnce
-from threadloom.actors.thread_reads import ThreadReadsMixin, check_instance
+from threadloom.actors.thread_reads import ThreadReadsMixin
 from threadloom.actors.walker import DEFAULT_GROUP, ShareQuery, WalkSetup, WalksQuery, store_access
 from threadloom.domain import validation as v
 from threadloom.domain.access import AccessSchemas, AccessStampOptions, WalkRecord, member_group
@@ -127,14 +127,14 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
         access_group: str = DEFAULT_GROUP,
         meter: Meter | None = None,
     ) -> None:
-        check_instance("store", store, Checkpointer)
+        v.check_instance("store", store, Checkpointer)
         self.store = store
         self.clock = clock if clock is not None else SystemClock()
         if not callable(getattr(self.clock, "now", None)):
             raise ValidationError("clock", ("must have a now() method returning an aware datetime",))
         self.node_id = v.check_id("node_id", node_id if node_id is not None else default_node_id())
-        self.claim_policy = check_instance("claim_policy", claim_policy or ClaimPolicy(), ClaimPolicy)
-        self.watch_policy = check_instance("watch_policy", watch_policy or WatchPolicy(), WatchPolicy)
+        self.claim_policy = v.check_instance("claim_policy", claim_policy or ClaimPolicy(), ClaimPolicy)
+        self.watch_policy = v.check_instance("watch_policy", watch_policy or WatchPolicy(), WatchPolicy)
         if queue is None:
             found = getattr(store, "queue", None)
             queue = found if isinstance(found, RunQueue) else None
@@ -142,10 +142,10 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
             raise ValidationError("queue", (f"must be a RunQueue, got {type(queue).__name__}",))
         self.queue = queue
         if sweep is not None:
-            check_instance("sweep", sweep, SweepSchedule)
+            v.check_instance("sweep", sweep, SweepSchedule)
         v.check_positive_duration("close_timeout", close_timeout)
         if meter is not None:
-            check_instance("meter", meter, Meter)
+            v.check_instance("meter", meter, Meter)
         self.metrics = RuntimeMetrics(meter, self.node_id)
         """The runtime's metrics (``metrics.meter`` is the meter given, or None)."""
         self._close_timeout = close_timeout
@@ -192,15 +192,15 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
     ) -> WalkSetup | None:
         """What this runtime walks (None: nothing declared); validates the access arguments."""
         member_group(group)  # ValidationError naming "group" for a bad one
-        options = check_instance("access_options", options or AccessStampOptions(), AccessStampOptions)
+        options = v.check_instance("access_options", options or AccessStampOptions(), AccessStampOptions)
         if meter is not None:
-            check_instance("meter", meter, Meter)
+            v.check_instance("meter", meter, Meter)
         else:
             found = getattr(store, "meter", None)
             meter = found if isinstance(found, Meter) else None
         stored = store_access(store)
         if access is not None:
-            check_instance("access", access, AccessSchemas)
+            v.check_instance("access", access, AccessSchemas)
             if stored is not None and stored != access:
                 raise ValidationError(
                     "access",
@@ -249,7 +249,7 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
     ) -> RunHandle:
         operation = kind.value
         v.check_id("thread_id", thread_id)
-        check_instance("graph", graph, Graph)
+        v.check_instance("graph", graph, Graph)
         v.check_json("input", input)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_optional_id("run_id", run_id)
@@ -367,7 +367,7 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
             As :meth:`NodeContext.spawn`.
         """
         v.check_id("thread_id", thread_id)
-        check_instance("graph", graph, Graph)
+        v.check_instance("graph", graph, Graph)
         v.check_json("input", input)
         if thread_id == ctx.thread_id:
             raise ValidationError("thread_id", ("a child thread must be another thread than its parent",))
@@ -597,7 +597,7 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
         Returns:
             The pages, in order.
         """
-        check_instance("policy", policy, SweepPolicy)
+        v.check_instance("policy", policy, SweepPolicy)
         self._ensure_open("sweep")
         pages: list[SweepPage] = []
         after: str | None = None
@@ -687,16 +687,16 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
                 raise ValidationError("graphs", ("must be a mapping of graph id to Graph, or a collection of Graph",))
             served = {}
             for graph in graphs:
-                check_instance("graphs item", graph, Graph)
+                v.check_instance("graphs item", graph, Graph)
                 served[graph.graph_id] = graph
         if not served:
             raise ValidationError("graphs", ("must name at least one graph",))
         for key, graph in served.items():
-            check_instance(f"graphs[{key!r}]", graph, Graph)
+            v.check_instance(f"graphs[{key!r}]", graph, Graph)
             if key != graph.graph_id:
                 raise ValidationError(f"graphs[{key!r}]", (f"is graph {graph.graph_id!r}: key it by its graph_id",))
         v.check_int("concurrency", concurrency, low=1, high=256)
-        policy = check_instance("policy", policy or ServePolicy(), ServePolicy)
+        policy = v.check_instance("policy", policy or ServePolicy(), ServePolicy)
         queue = self._queue("serve")
         self._ensure_open("serve")
         server = Server(abandon=self._abandon)

@@ -3,11 +3,11 @@ history, events, children, a tenant's export and its root threads, each read thr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from threadloom.domain import validation as v
 from threadloom.domain.access import TenantExportPage
-from threadloom.domain.errors import TenantMismatch, ValidationError
+from threadloom.domain.errors import TenantMismatch
 from threadloom.domain.values import (
     Checkpoint,
     EventRecord,
@@ -17,13 +17,6 @@ from threadloom.domain.values import (
     ThreadQuery,
 )
 from threadloom.persistence.base import Checkpointer
-
-
-def check_instance(field: str, value: Any, kind: type) -> Any:
-    """``value`` when it is a ``kind``, else ``ValidationError`` naming ``field``."""
-    if not isinstance(value, kind):
-        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
-    return value
 
 
 class ThreadReadsMixin:
@@ -123,7 +116,7 @@ class ThreadReadsMixin:
 
     def threads(self, query: ThreadQuery) -> ThreadPage:
         """A page of ``query.tenant_id``'s root threads, newest first: only that tenant's."""
-        check_instance("query", query, ThreadQuery)
+        v.check_instance("query", query, ThreadQuery)
         self._ensure_open("threads")
         return self.store.threads(query)
 
@@ -139,4 +132,4 @@ class ThreadReadsMixin:
         return self.store.incomplete(tenant_id, limit=limit, after=after)
 
 
-__all__ = ["ThreadReadsMixin", "check_instance"]
+__all__ = ["ThreadReadsMixin"]

@@ -120,6 +120,13 @@ def check_non_negative_duration(field: str, value: Any) -> timedelta:
     return value
 
 
+def check_instance(field: str, value: Any, kind: type) -> Any:
+    """``value`` when it is a ``kind`` (a subclass too), else ``ValidationError`` naming ``field``."""
+    if not isinstance(value, kind):
+        raise ValidationError(field, (f"must be a {kind.__name__}, got {type(value).__name__}",))
+    return value
+
+
 def check_int(field: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
     """Validates an ``int`` (never a ``bool``) within ``low..high`` inclusive; ``high`` defaults to 2**63 - 1."""
     if not isinstance(value, int) or isinstance(value, bool):
