@@ -74,6 +74,11 @@ def filterable(metadata: Any) -> dict[str, str]:
     they are not filterable)."""
     out: dict[str, str] = {}
     for key, value in metadata.items() if isinstance(metadata, dict) else ():
+        kind = type(value)
+        if (kind is int or kind is bool or value is None) and type(key) is str and key.isascii() \
+                and key.isprintable():
+            out[METADATA_PREFIX + key] = json.dumps(value)  # a scalar: its JSON text is its canonical text
+            continue
         if isinstance(key, str) and _text(key) and _plain(value):
             out[METADATA_PREFIX + key] = filter_text(value)
     return out

@@ -274,6 +274,11 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             try:
                 self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
                                           fence=fence))
+            except CheckpointConflict:
+                # the thread is not as the hold knew it (a checkpoint came between this saver's read of an empty
+                # thread and its claim): nothing written; the run's next write claims again and reads the thread
+                self._holds.drop(name, release=True)
+                raise
             except OutcomeUnknown:
                 # the commit may have applied: the store knows (its latest is this checkpoint only if it did)
                 after = self.store.latest(name)
@@ -318,9 +323,11 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # another run wrote the thread since this run read it: its writes name a view that is gone
                 raise CheckpointConflict(name, checkpoint_id, hold.latest)
             if checkpoint_id != hold.latest:
-                if checkpoint_id in hold.committed or self.store.checkpoint(name, checkpoint_id) is not None:
+                if checkpoint_id in hold.committed:
                     log.debug("langgraph.late_writes", thread_id=name, checkpoint_id=checkpoint_id, task_id=task_id)
                     return
+                # early (its checkpoint is still to come) or late for a checkpoint stored before this hold: kept
+                # in memory until that checkpoint's put, told apart only when the hold ends (no read per write)
                 hold.early.setdefault(checkpoint_id, []).extend(self._keep(encoded, m.regular_tasks(
                     hold.early.get(checkpoint_id, ()))))
                 return

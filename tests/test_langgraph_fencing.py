@@ -370,6 +370,27 @@ def test_a_write_between_read_and_first_write_is_a_conflict(two_stores) -> None:
         b.close()
 
 
+def test_a_first_checkpoint_between_read_of_an_empty_thread_and_first_write_is_a_conflict(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        assert a.get_tuple(generate_config("e1")) is None  # A's run reads a new, empty thread...
+        with b.hold("e1"):
+            other = _put(b, "e1")  # ...another host's run writes its first checkpoint...
+        from threadloom import CheckpointConflict
+
+        with pytest.raises(CheckpointConflict):
+            _put(a, "e1")  # ...A's first checkpoint, built on the empty thread, is refused
+        assert _ids(a, "e1") == [other["configurable"]["checkpoint_id"]]
+        assert two_stores[0].current_claim("e1") is None  # the refused run's claim was released
+        again = a.get_tuple(generate_config("e1"))  # a run that reads again may write
+        mine = _put(a, "e1", again.config, step=1)
+        assert _ids(a, "e1") == [mine["configurable"]["checkpoint_id"], other["configurable"]["checkpoint_id"]]
+    finally:
+        a.close()
+        b.close()
+
+
 class _LostAnswer:
     """A store whose next checkpoint commits fail in flight: applied (``after``) or not (``before``), and reported
     as ``OutcomeUnknown`` either way, as a connection dropped mid-commit would."""
