@@ -37,6 +37,7 @@ class Hold:
     explicit: bool = False
     lock: threading.RLock = attrs.field(factory=threading.RLock)
     regular_tasks: set[str] = attrs.field(factory=set)
+    writes: list[PendingWrite] = attrs.field(factory=list)  # the pending writes stored against ``latest``
     committed: list[str] = attrs.field(factory=list)
     early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
     moved: tuple[str | None, str | None] | None = None
@@ -47,10 +48,18 @@ class Hold:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
+    def latest_parent(self) -> str | None:
+        """The checkpoint before the latest in the store's order, when both were stored under this hold (or the
+        first was the latest when it was taken)."""
+        if len(self.committed) >= 2 and self.committed[-1] == self.latest:
+            return self.committed[-2]
+        return None
+
     def stored(self, checkpoint_id: str) -> None:
         """Records that ``checkpoint_id`` is now the thread's latest (committed under this hold)."""
         self.latest = checkpoint_id
         self.regular_tasks = set()
+        self.writes = []
         self.committed.append(checkpoint_id)
         del self.committed[:-64]
 
@@ -168,8 +177,11 @@ class Holds:
             raise
         latest = stored.checkpoint.id if stored is not None else None
         hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
+        if latest is not None:
+            hold.committed.append(latest)
         if stored is not None:
             hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
+            hold.writes = list(stored.pending_writes)
         with self._lock:
             known = self._seen.get(thread_id, latest)
             if known != latest:

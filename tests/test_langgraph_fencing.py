@@ -156,7 +156,15 @@ def test_own_early_and_late_writes_are_accepted(two_stores) -> None:
         a.put_writes(first, [("n", "late")], "task-late")  # the run's late write for the superseded checkpoint
         reader = ThreadloomSaver(two_stores[1])
         assert reader.get_tuple(second).pending_writes == [("task-early", "n", "early")]
-        assert reader.get_tuple(first).pending_writes == []  # a superseded checkpoint keeps no writes
+        assert reader.get_tuple(first).pending_writes == [("task-late", "n", "late")]  # kept for its checkpoint
+        third = a.put(second, generate_checkpoint(channel_values={"n": 2}, channel_versions={"n": 3}),
+                      generate_metadata(step=2), {"n": 3})
+        a.put_writes(first, [("n", "later")], "task-later")  # two checkpoints late: accepted, not kept
+        assert [(t.checkpoint["id"], t.pending_writes) for t in reader.list(generate_config("t4"))] == [
+            (third["configurable"]["checkpoint_id"], []),
+            (second["configurable"]["checkpoint_id"], [("task-early", "n", "early")]),
+            (first["configurable"]["checkpoint_id"], [("task-late", "n", "late")]),
+        ]
         reader.close()
     finally:
         a.close()
