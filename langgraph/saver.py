@@ -9,10 +9,8 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -54,6 +52,7 @@ from threadloom.domain.values import (
 )
 from threadloom.langgraph import _mapping as m
 from threadloom.langgraph._holds import Hold, Holds
+from threadloom.persistence.aio import AsyncStore, open_async_store
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import get_logger
 
@@ -92,12 +91,15 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     fails with ``ThreadBusy`` at its first write; a run whose claim was taken over (it paused past ``ttl``) or whose
     thread was deleted gets ``StaleClaim`` and writes nothing; the store orders each thread's history.
 
-    Safe to use from any number of threads and from asyncio (the ``a``-methods run the same code on a small pool of
-    threads). Use as a context manager, or call :meth:`close`: it releases the claims still held and closes the
-    store when the saver opened it (:meth:`from_url`).
+    Safe to use from any number of threads and from asyncio: the ``a``-methods run the same code, with the same
+    results and errors, on the bounded pool of a threadloom :class:`~threadloom.persistence.aio.AsyncStore` (the
+    one given as ``store``, or one the saver makes around its store), so the event loop never blocks on the store.
+    Use as a (sync or async) context manager, or call :meth:`close` / :meth:`aclose`: it releases the claims still
+    held and closes the store when the saver opened it (:meth:`from_url`, :meth:`afrom_url`).
 
     Args:
-        store: any threadloom store.
+        store: any threadloom store, or an ``AsyncStore`` (its pool then runs the async methods, shared with the
+            rest of the program's async calls, and ``workers`` is not used).
         serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False,
             allowed_msgpack_modules=None)`` (only LangGraph's safe types are rebuilt on read; any other type a stored
             value names comes back as data). A serializer with ``pickle_fallback=True`` or
@@ -107,12 +109,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         renew_every: how often held claims are renewed (default ``ttl / 3``); must be below ``ttl``.
         idle_release: a run that has written nothing for this long ends: its claim is released (default 5 s).
         tenant_id: the tenant recorded with each claim and checkpoint (also the tenant ``delete_for_runs`` visits).
-        workers: threads that run the async methods (default 4).
+        workers: threads of the ``AsyncStore`` the saver makes around a sync store for the async methods (1..64,
+            default 4).
     """
 
     def __init__(
         self,
-        store: Checkpointer,
+        store: Checkpointer | AsyncStore,
         *,
         serde: Any = None,
         ttl: timedelta = timedelta(seconds=30),
@@ -121,6 +124,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         tenant_id: str | None = None,
         workers: int = 4,
     ) -> None:
+        given = store if isinstance(store, AsyncStore) else None
+        if given is not None:
+            store = given.store
         if not isinstance(store, Checkpointer):
             raise ValidationError("store", (f"must be a threadloom store, got {type(store).__name__}",))
         v.check_positive_duration("ttl", ttl)
@@ -136,9 +142,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self.tenant_id = tenant_id
         self._owns_store = False
         self._holds = Holds(store, ttl=ttl, renew_every=renew, idle_release=idle_release, tenant_id=tenant_id)
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        # the async methods' pool: the AsyncStore given, or one around the store (closing it leaves the store open)
+        self._aio = given if given is not None else AsyncStore(store, max_workers=workers, own_store=False)
+        self._owns_aio = given is None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ThreadloomSaver:
@@ -160,23 +166,52 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         saver._owns_store = True
         return saver
 
+    @classmethod
+    async def afrom_url(cls, url: str, **options: Any) -> ThreadloomSaver:
+        """A saver over ``await open_async_store(url)``, opened off the event loop (opening may create and migrate
+        a file or a schema); its async methods run on that async store's pool of ``workers`` threads.
+
+        ``options`` as :meth:`from_url`. :meth:`close` / :meth:`aclose` close the store too.
+        """
+        names = ("serde", "ttl", "renew_every", "idle_release", "tenant_id")
+        mine = {name: options.pop(name) for name in names if name in options}
+        workers = options.pop("workers", 4)
+        v.check_int("workers", workers, low=1, high=64)
+        astore = await open_async_store(url, max_workers=workers, **options)
+        try:
+            saver = cls(astore, **mine)
+        except BaseException:
+            await astore.close()
+            raise
+        saver._owns_store = saver._owns_aio = True
+        return saver
+
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Releases every claim the saver holds, stops its threads, and closes the store if it opened it."""
+        """Releases every claim the saver holds, stops its threads, and closes the store if it opened it (an
+        ``AsyncStore`` given to the saver stays open). Closing twice does nothing more."""
         self._holds.close()
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if self._owns_aio:
+            self._aio.shutdown()  # later async calls raise StoreClosed
         if self._owns_store:
             self.store.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, off the event loop (releasing claims is a store call each)."""
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> ThreadloomSaver:
         return self
 
     def __exit__(self, *_exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> ThreadloomSaver:
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        await self.aclose()
 
     @contextlib.contextmanager
     def hold(self, thread_id: str, *, wait: timedelta | None = None) -> Iterator[None]:
@@ -813,18 +848,18 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             number = int(str(current).split(".")[0])
         return f"{number + 1:032}"
 
-    # -- async forms (a bounded pool of threads runs the sync code) ------------------------------------------------
-    # Every async method hands its sync form to this pool: a store call blocks one of ``workers`` threads, never
-    # the event loop. Once the stores have awaitable forms of their own, ``_run`` is the one place to change.
+    # -- async forms (the AsyncStore's bounded pool runs the sync code) ----------------------------------------------
+    # Every async method hands its sync form to the AsyncStore's pool: a store call blocks one of its threads, never
+    # the event loop (a call whose task is cancelled runs to its end on the pool, as any AsyncStore call). Once the
+    # stores have awaitable forms of their own, ``_run`` is the one place to change.
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="threadloom-langgraph")
-            return self._pool
+    @property
+    def async_store(self) -> AsyncStore:
+        """The ``AsyncStore`` whose pool runs the async methods."""
+        return self._aio
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
+        return await self._aio.call(call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(functools.partial(self.get_tuple, config))
