@@ -37,6 +37,7 @@ class Hold:
     explicit: bool = False
     lock: threading.RLock = attrs.field(factory=threading.RLock)
     regular_tasks: set[str] = attrs.field(factory=set)
+    writes: list[PendingWrite] = attrs.field(factory=list)  # the pending writes stored against ``latest``
     committed: list[str] = attrs.field(factory=list)
     early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
     moved: tuple[str | None, str | None] | None = None
@@ -47,10 +48,18 @@ class Hold:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
+    def latest_parent(self) -> str | None:
+        """The checkpoint before the latest in the store's order, when both were stored under this hold (or the
+        first was the latest when it was taken)."""
+        if len(self.committed) >= 2 and self.committed[-1] == self.latest:
+            return self.committed[-2]
+        return None
+
     def stored(self, checkpoint_id: str) -> None:
         """Records that ``checkpoint_id`` is now the thread's latest (committed under this hold)."""
         self.latest = checkpoint_id
         self.regular_tasks = set()
+        self.writes = []
         self.committed.append(checkpoint_id)
         del self.committed[:-64]
 
@@ -147,6 +156,17 @@ class Holds:
                 if time.monotonic() >= deadline or self._stop.is_set():
                     raise
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        with self._lock:
+            known_empty = thread_id in self._seen and self._seen[thread_id] is None
+        if known_empty:
+            # a read of this saver found the thread empty (a new thread): no second read; should a checkpoint
+            # have come meanwhile, the store refuses the first put (its parent is not the latest) and the saver
+            # drops this hold (CheckpointConflict, nothing written)
+            hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=None, explicit=explicit)
+            with self._lock:
+                self._holds[thread_id] = hold
+            self._ensure_renewer()
+            return hold
         try:
             stored = self._store.latest(thread_id)
             if stored is not None and stored.checkpoint.tenant_id != self._tenant:
@@ -157,8 +177,11 @@ class Holds:
             raise
         latest = stored.checkpoint.id if stored is not None else None
         hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
+        if latest is not None:
+            hold.committed.append(latest)
         if stored is not None:
             hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
+            hold.writes = list(stored.pending_writes)
         with self._lock:
             known = self._seen.get(thread_id, latest)
             if known != latest:
@@ -242,10 +265,23 @@ class Holds:
             hold.lock.release()
 
     def _report_early(self, hold: Hold) -> None:
-        if hold.early:
-            count = sum(len(writes) for writes in hold.early.values())
-            log.warning("langgraph.early_writes_dropped", thread_id=hold.thread_id, writes=count)
-            hold.early.clear()
+        """Forgets the writes still waiting for their checkpoint: late ones (their checkpoint was stored before
+        the hold; only the latest checkpoint takes writes) quietly, ones whose checkpoint never came with a
+        warning."""
+        early, hold.early = hold.early, {}
+        dropped = 0
+        for checkpoint_id, writes in early.items():
+            try:
+                stored = self._store.checkpoint(hold.thread_id, checkpoint_id) is not None
+            except ProcessingError:
+                stored = False
+            if stored:
+                log.debug("langgraph.late_writes", thread_id=hold.thread_id, checkpoint_id=checkpoint_id,
+                          writes=len(writes))
+            else:
+                dropped += len(writes)
+        if dropped:
+            log.warning("langgraph.early_writes_dropped", thread_id=hold.thread_id, writes=dropped)
 
     def _quiet_release(self, thread_id: str, token: int) -> None:
         try:

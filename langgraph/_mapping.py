@@ -34,6 +34,10 @@ DELETED_RUN_KEY = "langgraph.deleted-run:"
 """The prefix of the effect record that hides a run's checkpoints (``delete_for_runs``)."""
 
 
+SUPERSEDED_KEY = "langgraph.after"
+"""The checkpoint metadata key naming the checkpoint this one superseded (the one before it in the store's
+order), whose pending writes its state carries under ``"superseded"``."""
+
 METADATA_PREFIX = "langgraph.meta."
 """The prefix of the checkpoint metadata keys that hold LangGraph's filterable metadata, one per top-level key."""
 
@@ -74,6 +78,11 @@ def filterable(metadata: Any) -> dict[str, str]:
     they are not filterable)."""
     out: dict[str, str] = {}
     for key, value in metadata.items() if isinstance(metadata, dict) else ():
+        kind = type(value)
+        if (kind is int or kind is bool or value is None) and type(key) is str and key.isascii() \
+                and key.isprintable():
+            out[METADATA_PREFIX + key] = json.dumps(value)  # a scalar: its JSON text is its canonical text
+            continue
         if isinstance(key, str) and _text(key) and _plain(value):
             out[METADATA_PREFIX + key] = filter_text(value)
     return out
@@ -211,8 +220,9 @@ def pending_writes(
     return out
 
 
-def fold_writes(serde: Any, thread_id: str, stored: Iterable[PendingWrite]) -> list[tuple[str, str, Any]]:
-    """The LangGraph pending writes of a checkpoint from the threadloom writes stored against it, in commit order.
+def fold_writes(serde: Any, thread_id: str, stored: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
+    """The LangGraph pending writes of a checkpoint from the ``(task_id, payload)`` of the threadloom writes stored
+    against it, in commit order.
 
     Two executions of one task never mix: a task's regular writes (index >= 0) are those of the first
     ``put_writes`` call that stored any for it, whole; a later call's regular writes for that task are left out.
@@ -224,17 +234,16 @@ def fold_writes(serde: Any, thread_id: str, stored: Iterable[PendingWrite]) -> l
     first_batch: dict[str, str] = {}
     regular: dict[tuple[str, int], tuple[str, str, int, Any]] = {}
     special: dict[tuple[str, int], tuple[str, str, int, Any]] = {}
-    for write in stored:
-        payload = write.payload
-        if not isinstance(payload, dict) or not isinstance(payload.get("idx"), int):
+    for task_id, payload in stored:
+        if not isinstance(payload, dict) or not isinstance(payload.get("idx"), int) or "value" not in payload:
             raise StoreCorrupt("langgraph", f"thread {thread_id!r} holds a pending write that is not LangGraph's")
         idx, batch = payload["idx"], str(payload.get("batch", ""))
-        key = (write.task_id, idx)
+        key = (task_id, idx)
         entry = (str(payload.get("path", "")), str(payload["channel"]), idx, payload["value"])
         if idx < 0:
             special[key] = entry
             continue
-        owner = first_batch.setdefault(write.task_id, batch)
+        owner = first_batch.setdefault(task_id, batch)
         if owner == batch and key not in regular:
             regular[key] = entry
     rows = [(key, entry) for key, entry in (*regular.items(), *special.items())]
@@ -248,4 +257,51 @@ def regular_tasks(stored: Iterable[PendingWrite]) -> set[str]:
         write.task_id
         for write in stored
         if isinstance(write.payload, dict) and isinstance(write.payload.get("idx"), int) and write.payload["idx"] >= 0
+        and LATE_KEY not in write.payload
     }
+
+
+LATE_KEY = "of"
+"""The payload key of a write that came after its checkpoint was superseded, stored against the next one (the
+latest then): it names the checkpoint the write is for."""
+
+
+def late(write: PendingWrite, latest: str) -> PendingWrite:
+    """``write`` (for the checkpoint just before ``latest``) as a write stored against ``latest``, naming its own."""
+    return PendingWrite(checkpoint_id=latest, task_id=write.task_id, node_id=write.node_id,
+                        payload={**write.payload, LATE_KEY: write.checkpoint_id})
+
+
+def own(held: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Of the writes a checkpoint held, those for it (not late writes for the one before it)."""
+    return [item for item in held if not (isinstance(item[1], dict) and LATE_KEY in item[1])]
+
+
+def late_for(held: Iterable[tuple[str, Any]], checkpoint_id: str) -> list[tuple[str, Any]]:
+    """Of the writes a checkpoint held, the late writes for ``checkpoint_id`` (the one before it)."""
+    return [item for item in held if isinstance(item[1], dict) and item[1].get(LATE_KEY) == checkpoint_id]
+
+
+def superseded(writes: Iterable[PendingWrite], checkpoint_id: str) -> dict[str, Any]:
+    """What a checkpoint's state carries of the pending writes of ``checkpoint_id``, the checkpoint it supersedes
+    (the store keeps pending writes only for the latest checkpoint; README "LangGraph")."""
+    return {"id": checkpoint_id, "writes": [[w.task_id, w.payload] for w in writes]}
+
+
+def carried(thread_id: str, successor: Any, checkpoint_id: str) -> list[tuple[str, Any]]:
+    """The ``(task_id, payload)`` of the pending writes ``checkpoint_id`` held when ``successor`` (the checkpoint
+    after it in the store's order) superseded it; none when ``successor`` carries none for it.
+
+    Raises:
+        StoreCorrupt: the carried writes are not of the form :func:`superseded` gives.
+    """
+    state = getattr(successor, "state", None)
+    found = state.get("superseded") if isinstance(state, dict) else None
+    if not isinstance(found, dict) or found.get("id") != checkpoint_id:
+        return []
+    writes = found.get("writes")
+    if not isinstance(writes, list) or not all(
+        isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) for item in writes
+    ):
+        raise StoreCorrupt("langgraph", f"thread {thread_id!r} carries pending writes that are not LangGraph's")
+    return [(item[0], item[1]) for item in writes]

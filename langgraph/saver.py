@@ -9,10 +9,8 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -54,6 +52,7 @@ from threadloom.domain.values import (
 )
 from threadloom.langgraph import _mapping as m
 from threadloom.langgraph._holds import Hold, Holds
+from threadloom.persistence.aio import AsyncStore, open_async_store
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import get_logger
 
@@ -92,12 +91,15 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     fails with ``ThreadBusy`` at its first write; a run whose claim was taken over (it paused past ``ttl``) or whose
     thread was deleted gets ``StaleClaim`` and writes nothing; the store orders each thread's history.
 
-    Safe to use from any number of threads and from asyncio (the ``a``-methods run the same code on a small pool of
-    threads). Use as a context manager, or call :meth:`close`: it releases the claims still held and closes the
-    store when the saver opened it (:meth:`from_url`).
+    Safe to use from any number of threads and from asyncio: the ``a``-methods run the same code, with the same
+    results and errors, on the bounded pool of a threadloom :class:`~threadloom.persistence.aio.AsyncStore` (the
+    one given as ``store``, or one the saver makes around its store), so the event loop never blocks on the store.
+    Use as a (sync or async) context manager, or call :meth:`close` / :meth:`aclose`: it releases the claims still
+    held and closes the store when the saver opened it (:meth:`from_url`, :meth:`afrom_url`).
 
     Args:
-        store: any threadloom store.
+        store: any threadloom store, or an ``AsyncStore`` (its pool then runs the async methods, shared with the
+            rest of the program's async calls, and ``workers`` is not used).
         serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False,
             allowed_msgpack_modules=None)`` (only LangGraph's safe types are rebuilt on read; any other type a stored
             value names comes back as data). A serializer with ``pickle_fallback=True`` or
@@ -107,12 +109,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         renew_every: how often held claims are renewed (default ``ttl / 3``); must be below ``ttl``.
         idle_release: a run that has written nothing for this long ends: its claim is released (default 5 s).
         tenant_id: the tenant recorded with each claim and checkpoint (also the tenant ``delete_for_runs`` visits).
-        workers: threads that run the async methods (default 4).
+        workers: threads of the ``AsyncStore`` the saver makes around a sync store for the async methods (1..64,
+            default 4).
     """
 
     def __init__(
         self,
-        store: Checkpointer,
+        store: Checkpointer | AsyncStore,
         *,
         serde: Any = None,
         ttl: timedelta = timedelta(seconds=30),
@@ -121,6 +124,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         tenant_id: str | None = None,
         workers: int = 4,
     ) -> None:
+        given = store if isinstance(store, AsyncStore) else None
+        if given is not None:
+            store = given.store
         if not isinstance(store, Checkpointer):
             raise ValidationError("store", (f"must be a threadloom store, got {type(store).__name__}",))
         v.check_positive_duration("ttl", ttl)
@@ -136,9 +142,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self.tenant_id = tenant_id
         self._owns_store = False
         self._holds = Holds(store, ttl=ttl, renew_every=renew, idle_release=idle_release, tenant_id=tenant_id)
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        # the async methods' pool: the AsyncStore given, or one around the store (closing it leaves the store open)
+        self._aio = given if given is not None else AsyncStore(store, max_workers=workers, own_store=False)
+        self._owns_aio = given is None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> ThreadloomSaver:
@@ -160,23 +166,52 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         saver._owns_store = True
         return saver
 
+    @classmethod
+    async def afrom_url(cls, url: str, **options: Any) -> ThreadloomSaver:
+        """A saver over ``await open_async_store(url)``, opened off the event loop (opening may create and migrate
+        a file or a schema); its async methods run on that async store's pool of ``workers`` threads.
+
+        ``options`` as :meth:`from_url`. :meth:`close` / :meth:`aclose` close the store too.
+        """
+        names = ("serde", "ttl", "renew_every", "idle_release", "tenant_id")
+        mine = {name: options.pop(name) for name in names if name in options}
+        workers = options.pop("workers", 4)
+        v.check_int("workers", workers, low=1, high=64)
+        astore = await open_async_store(url, max_workers=workers, **options)
+        try:
+            saver = cls(astore, **mine)
+        except BaseException:
+            await astore.close()
+            raise
+        saver._owns_store = saver._owns_aio = True
+        return saver
+
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Releases every claim the saver holds, stops its threads, and closes the store if it opened it."""
+        """Releases every claim the saver holds, stops its threads, and closes the store if it opened it (an
+        ``AsyncStore`` given to the saver stays open). Closing twice does nothing more."""
         self._holds.close()
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if self._owns_aio:
+            self._aio.shutdown()  # later async calls raise StoreClosed
         if self._owns_store:
             self.store.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, off the event loop (releasing claims is a store call each)."""
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> ThreadloomSaver:
         return self
 
     def __exit__(self, *_exc: Any) -> None:
         self.close()
+
+    async def __aenter__(self) -> ThreadloomSaver:
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        await self.aclose()
 
     @contextlib.contextmanager
     def hold(self, thread_id: str, *, wait: timedelta | None = None) -> Iterator[None]:
@@ -244,10 +279,16 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         created = _producer_time(checkpoint.get("ts"))
         root_hold = self._holds.acquire(thread_id) if ns else None
         hold = self._holds.acquire(name)
+        filterable = m.filterable(full_metadata)
         with hold.lock:
             self._check_live(hold)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
+            if hold.latest is not None:
+                # the store keeps pending writes for the latest checkpoint only: the one this supersedes keeps
+                # its writes here, found by the metadata key (README "LangGraph", pending writes)
+                state["superseded"] = m.superseded(hold.writes, hold.latest)
+                filterable[m.SUPERSEDED_KEY] = hold.latest
             stored = Checkpoint(
                 id=checkpoint_id,
                 parent=hold.latest,
@@ -259,7 +300,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 graph_id=m.GRAPH_ID,
                 tenant_id=self.tenant_id,
                 origin=CheckpointOrigin(parent_thread=thread_id) if ns else None,
-                metadata=m.filterable(full_metadata),
+                metadata=filterable,
             )
             early = hold.early.pop(checkpoint_id, [])
             event = EventDraft(
@@ -274,6 +315,11 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             try:
                 self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
                                           fence=fence))
+            except CheckpointConflict:
+                # the thread is not as the hold knew it (a checkpoint came between this saver's read of an empty
+                # thread and its claim): nothing written; the run's next write claims again and reads the thread
+                self._holds.drop(name, release=True)
+                raise
             except OutcomeUnknown:
                 # the commit may have applied: the store knows (its latest is this checkpoint only if it did)
                 after = self.store.latest(name)
@@ -282,6 +328,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     raise
             hold.stored(checkpoint_id)
             hold.regular_tasks = m.regular_tasks(early)
+            hold.writes = list(early)
             hold.touch()
         self._holds.seen(name, checkpoint_id)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
@@ -293,8 +340,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Writes for the namespace's latest checkpoint are stored at once. Writes for a checkpoint this run has not
         stored yet (LangGraph may send them first) wait in memory and are committed with that checkpoint. Writes
-        for a checkpoint already superseded are accepted and not kept (only the latest checkpoint keeps pending
-        writes). A task's second execution never mixes its regular writes with the first's (the first's are kept).
+        for a checkpoint already superseded are accepted and not kept (a checkpoint keeps the writes it held when the
+        next one was stored: README "LangGraph"). A task's second execution never mixes its regular writes with the
+        first's (the first's are kept).
 
         Raises:
             ValidationError: a value the serializer cannot encode (nothing written); ThreadBusy, StaleClaim: as
@@ -318,9 +366,20 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # another run wrote the thread since this run read it: its writes name a view that is gone
                 raise CheckpointConflict(name, checkpoint_id, hold.latest)
             if checkpoint_id != hold.latest:
-                if checkpoint_id in hold.committed or self.store.checkpoint(name, checkpoint_id) is not None:
+                if checkpoint_id == hold.latest_parent():
+                    # late by one checkpoint (LangGraph's default durability may store the next checkpoint first):
+                    # kept against the latest, naming its own checkpoint, and carried with the latest's writes
+                    assert hold.latest is not None  # a latest has a parent
+                    late = [m.late(write, hold.latest) for write in encoded]
+                    fence = (thread_id, root_hold.token) if root_hold is not None else None
+                    self._commit(hold, Commit(token=hold.token, pending_writes=late, fence=fence))
+                    hold.writes.extend(late)
+                    return
+                if checkpoint_id in hold.committed:
                     log.debug("langgraph.late_writes", thread_id=name, checkpoint_id=checkpoint_id, task_id=task_id)
                     return
+                # early (its checkpoint is still to come) or late for a checkpoint stored before this hold: kept
+                # in memory until that checkpoint's put, told apart only when the hold ends (no read per write)
                 hold.early.setdefault(checkpoint_id, []).extend(self._keep(encoded, m.regular_tasks(
                     hold.early.get(checkpoint_id, ()))))
                 return
@@ -330,6 +389,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             fence = (thread_id, root_hold.token) if root_hold is not None else None
             self._commit(hold, Commit(token=hold.token, pending_writes=kept, fence=fence))
             hold.regular_tasks |= m.regular_tasks(kept)
+            hold.writes.extend(kept)
 
     @staticmethod
     def _keep(encoded: list[PendingWrite], tasks_with_writes: Any) -> list[PendingWrite]:
@@ -353,7 +413,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names (its ``checkpoint_id``), or the namespace's latest; None if absent.
 
-        The latest checkpoint comes with its pending writes; an earlier one with none. A checkpoint of a run
+        Every checkpoint comes with its pending writes, as LangGraph's own savers return them: the latest with
+        those stored so far, an earlier one with those it held when the next checkpoint was stored (carried by
+        that one, with the late writes the one after that carries; finding them costs up to two more store calls
+        per 1000 checkpoints between it and the latest, none for the latest's parent). A checkpoint of a run
         removed by :meth:`delete_for_runs` is absent. Needs no claim.
         """
         conf = m.configurable(config)
@@ -366,20 +429,19 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if latest is None:
                 return None
             if not self._hidden(name, {latest.checkpoint.run_id}):
-                return self._tuple(latest.checkpoint, latest.pending_writes)
-            for item in self._walk(name, latest.checkpoint.id, None):
-                return self._tuple(item, ())
+                return self._tuple(latest.checkpoint, m.own(_held(latest)))
+            for item, newer in self._walk(name, latest.checkpoint, None):
+                return self._tuple(item, self._writes_of(name, item.id, newer, None, latest)[0])
             return None
         v.check_id("checkpoint_id", wanted)
-        found: Checkpoint | None
-        writes: tuple[PendingWrite, ...]
         if latest is not None and latest.checkpoint.id == wanted:
-            found, writes = latest.checkpoint, latest.pending_writes
-        else:
-            found, writes = self.store.checkpoint(name, wanted), ()
+            if self._hidden(name, {latest.checkpoint.run_id}):
+                return None
+            return self._tuple(latest.checkpoint, m.own(_held(latest)))
+        found = self.store.checkpoint(name, wanted)
         if found is None or self._hidden(name, {found.run_id}):
             return None
-        return self._tuple(found, writes)
+        return self._tuple(found, self._writes_of(name, wanted, None, None, latest)[0])
 
     def list(
         self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -401,7 +463,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         The store answers filter, ``before`` and ``limit`` (``search_history``: each call examines at most 1000
         checkpoints and reads only those that match), so a filter that matches little costs one store call per
         1000 checkpoints; a checkpoint of a run removed by :meth:`delete_for_runs` is left out and the listing
-        reads on until ``limit`` visible ones. Only a namespace's latest checkpoint carries pending writes.
+        reads on until ``limit`` visible ones. Every checkpoint comes with its pending writes (as :meth:`get_tuple`;
+        unfiltered, they come with the page; filtered, a match whose next checkpoint is not also a match costs up
+        to two more store calls).
 
         Raises:
             ValidationError: ``filter`` is not a mapping of at most 64 str keys to plain JSON values; ``limit``
@@ -468,15 +532,19 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             return
         if only is not None:
             found: Checkpoint | None
-            writes: tuple[PendingWrite, ...] = ()
             if latest is not None and latest.checkpoint.id == only:
-                found, writes = latest.checkpoint, latest.pending_writes
+                found = latest.checkpoint
             else:
                 found = self.store.checkpoint(name, only)
             if found is not None and visible(found) and wanted.items() <= found.metadata.items():
-                yield self._tuple(found, writes)
+                yield self._tuple(found, self._writes_of(name, only, None, None, latest)[0])
             return
         cursor = after
+        # the checkpoint read just before (newer than) the next one, the writes it held (None: not known), and
+        # where a search for a successor starts
+        newer: Checkpoint | None = latest.checkpoint if latest is not None else None
+        held: builtins.list[tuple[str, Any]] | None = _held(latest) if latest is not None else None
+        anchor: str | None = after
         while True:
             if wanted:
                 matches = self.store.search_history(name, metadata=wanted, limit=page, before=cursor)
@@ -485,10 +553,16 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 matches = CheckpointPage(items=tuple(items), next=items[-1].id if len(items) == page else None)
             shown = 0
             for item in matches.items:
+                if newer is None and after is not None:  # the first below before: before is the one after it
+                    newer = self.store.checkpoint(name, after)
                 if visible(item):
-                    own = latest is not None and item.id == latest.checkpoint.id
-                    yield self._tuple(item, latest.pending_writes if own and latest is not None else ())
+                    writes, item_held = self._writes_of(name, item.id, newer, anchor, latest, held)
+                    yield self._tuple(item, writes)
                     shown += 1
+                else:
+                    after_it = newer is not None and newer.parent == item.id
+                    item_held = m.carried(name, newer, item.id) if after_it else None
+                newer, anchor, held = item, item.id, item_held
             if matches.next is None:
                 return
             cursor = matches.next
@@ -499,12 +573,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self, name: str, first: StoredCheckpoint | None, after: str | None
     ) -> Iterator[tuple[Checkpoint, tuple[PendingWrite, ...]]]:
         visible = self._visibility(name)
+        start: Checkpoint | str | None = after
         if first is not None:
             if visible(first.checkpoint):
                 yield first.checkpoint, first.pending_writes
-            after = first.checkpoint.id
-        assert after is not None
-        for item in self._walk(name, after, visible):
+            start = first.checkpoint
+        assert start is not None
+        for item, _newer in self._walk(name, start, visible):
             yield item, ()
 
     def _visibility(self, name: str) -> Callable[[Checkpoint], bool]:
@@ -518,10 +593,15 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         return visible
 
-    def _walk(self, name: str, after: str, visible: Callable[[Checkpoint], bool] | None) -> Iterator[Checkpoint]:
-        """The history of ``name`` older than ``after``, newest first, page by page (visible ones only)."""
+    def _walk(
+        self, name: str, after: Checkpoint | str, visible: Callable[[Checkpoint], bool] | None
+    ) -> Iterator[tuple[Checkpoint, Checkpoint | None]]:
+        """The history of ``name`` older than ``after``, newest first, page by page (visible ones only), each with
+        the checkpoint just newer than it in the store's order (visible or not; None when ``after`` is an id and
+        the item is the first)."""
         test = visible if visible is not None else self._visibility(name)
-        cursor: str | None = after
+        newer: Checkpoint | None = after if isinstance(after, Checkpoint) else None
+        cursor: str | None = after.id if isinstance(after, Checkpoint) else after
         while cursor is not None:
             try:
                 page = self.store.history(name, limit=_PAGE, before=cursor)
@@ -529,13 +609,68 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 return
             for item in page:
                 if test(item):
-                    yield item
+                    yield item, newer
+                newer = item
             cursor = page[-1].id if len(page) == _PAGE else None
+
+    def _successor(
+        self, name: str, checkpoint_id: str, newer: Checkpoint | None, anchor: str | None,
+        latest: StoredCheckpoint | None,
+    ) -> Checkpoint | None:
+        """The checkpoint stored just after ``checkpoint_id`` (None: none found).
+
+        ``newer`` is a checkpoint read already that may be it (so may the latest); else the store is searched for
+        the checkpoint whose metadata names ``checkpoint_id`` superseded, from just older than ``anchor`` (None:
+        from the latest), one call per 1000 checkpoints examined.
+        """
+        if newer is not None and newer.parent == checkpoint_id:
+            return newer
+        if latest is not None and latest.checkpoint.parent == checkpoint_id:
+            return latest.checkpoint
+        cursor = anchor
+        while True:
+            try:
+                page = self.store.search_history(name, metadata={m.SUPERSEDED_KEY: checkpoint_id}, limit=1,
+                                                 before=cursor)
+            except CheckpointNotFound:
+                return None
+            if page.items:
+                return page.items[0]
+            if page.next is None or page.next == checkpoint_id:
+                return None
+            cursor = page.next
+
+    def _writes_of(
+        self, name: str, checkpoint_id: str, newer: Checkpoint | None, anchor: str | None,
+        latest: StoredCheckpoint | None, newer_held: builtins.list[tuple[str, Any]] | None = None,
+    ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[tuple[str, Any]] | None]:
+        """The pending writes of checkpoint ``checkpoint_id`` as ``(task_id, payload)``, and every write it held.
+
+        A checkpoint's writes are those it held when the next checkpoint was stored (that one carries them; the
+        latest holds its own), with the late ones for it that the next one held (README "LangGraph").
+        ``newer_held`` is what ``newer`` held, when known.
+        """
+        if latest is not None and checkpoint_id == latest.checkpoint.id:
+            mine = _held(latest)
+            return m.own(mine), mine
+        successor = self._successor(name, checkpoint_id, newer, anchor, latest)
+        if successor is None:
+            return [], None
+        mine = m.carried(name, successor, checkpoint_id)
+        if successor is newer and newer_held is not None:
+            then = newer_held
+        elif latest is not None and successor.id == latest.checkpoint.id:
+            then = _held(latest)
+        else:
+            # the next one's successor is newer than it: searched from above it
+            after = self._successor(name, successor.id, newer, None if successor.id == anchor else anchor, latest)
+            then = m.carried(name, after, successor.id) if after is not None else []
+        return m.own(mine) + m.late_for(then, checkpoint_id), mine
 
     def _hidden(self, name: str, runs: set[str]) -> bool:
         return any(self.store.effect(name, m.DELETED_RUN_KEY + run) is not None for run in runs)
 
-    def _tuple(self, item: Checkpoint, writes: Sequence[PendingWrite]) -> CheckpointTuple:
+    def _tuple(self, item: Checkpoint, writes: Sequence[tuple[str, Any]]) -> CheckpointTuple:
         state = item.state
         if not isinstance(state, dict) or state.get("format") != m.FORMAT:
             from threadloom.domain.errors import StoreCorrupt
@@ -552,8 +687,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
             if parent else None
         )
-        own = [w for w in writes if w.checkpoint_id == item.id] if writes else []
-        pending = m.fold_writes(self.serde, item.thread_id, own) if own else []
+        pending = m.fold_writes(self.serde, item.thread_id, writes) if writes else []
         return CheckpointTuple(config, checkpoint, metadata, parent_config, pending)
 
     # -- thread-wide operations ------------------------------------------------------------------------------------
@@ -684,6 +818,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 hold = self._holds.get(target)
                 if hold is not None and parent_id is not None:
                     hold.stored(parent_id)
+                    hold.writes = list(writes) if items else []
+                    hold.regular_tasks = m.regular_tasks(hold.writes)
                     self._holds.seen(target, parent_id)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -712,18 +848,18 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             number = int(str(current).split(".")[0])
         return f"{number + 1:032}"
 
-    # -- async forms (a bounded pool of threads runs the sync code) ------------------------------------------------
-    # Every async method hands its sync form to this pool: a store call blocks one of ``workers`` threads, never
-    # the event loop. Once the stores have awaitable forms of their own, ``_run`` is the one place to change.
+    # -- async forms (the AsyncStore's bounded pool runs the sync code) ----------------------------------------------
+    # Every async method hands its sync form to the AsyncStore's pool: a store call blocks one of its threads, never
+    # the event loop (a call whose task is cancelled runs to its end on the pool, as any AsyncStore call). Once the
+    # stores have awaitable forms of their own, ``_run`` is the one place to change.
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="threadloom-langgraph")
-            return self._pool
+    @property
+    def async_store(self) -> AsyncStore:
+        """The ``AsyncStore`` whose pool runs the async methods."""
+        return self._aio
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
+        return await self._aio.call(call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(functools.partial(self.get_tuple, config))
@@ -762,6 +898,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await self._run(functools.partial(self.prune, list(thread_ids), strategy=strategy))
+
+
+def _held(latest: StoredCheckpoint) -> builtins.list[tuple[str, Any]]:
+    """The ``(task_id, payload)`` of the pending writes stored against the latest checkpoint."""
+    own = latest.checkpoint.id
+    return [(w.task_id, w.payload) for w in latest.pending_writes if w.checkpoint_id == own]
 
 
 def _before(before: Any) -> tuple[str | None, str | None]:

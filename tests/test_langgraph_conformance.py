@@ -72,3 +72,54 @@ def test_conformance_postgres() -> None:
     finally:
         for harness in harnesses:
             harness.cleanup()
+
+
+# The same suite through savers built on an AsyncStore: the async methods run on its pool.
+
+
+def test_conformance_memory_async_store() -> None:
+    @checkpointer_test(name="threadloom-memory-async-store")
+    async def factory():
+        saver = await ThreadloomSaver.afrom_url("memory://")
+        yield saver
+        await saver.aclose()
+
+    _check(factory)
+
+
+def test_conformance_sqlite_async_store(tmp_path) -> None:
+    from threadloom.persistence.aio import open_async_store
+
+    @checkpointer_test(name="threadloom-sqlite-async-store")
+    async def factory():
+        astore = await open_async_store(f"sqlite:///{tmp_path / f'conformance-aio-{next(_count)}.db'}")
+        saver = ThreadloomSaver(astore)
+        yield saver
+        await saver.aclose()
+        await astore.close()
+
+    _check(factory)
+
+
+@pytest.mark.postgres
+def test_conformance_postgres_async_store() -> None:
+    from threadloom.persistence.aio import AsyncStore
+    from threadloom.testing.postgres_harness import PgHarness
+
+    harnesses: list[PgHarness] = []
+
+    @checkpointer_test(name="threadloom-postgres-async-store")
+    async def factory():
+        harness = PgHarness()
+        harnesses.append(harness)
+        astore = AsyncStore(harness.open_pg(), max_workers=4)
+        saver = ThreadloomSaver(astore)
+        yield saver
+        await saver.aclose()
+        await astore.close()
+
+    try:
+        _check(factory)
+    finally:
+        for harness in harnesses:
+            harness.cleanup()

@@ -156,7 +156,15 @@ def test_own_early_and_late_writes_are_accepted(two_stores) -> None:
         a.put_writes(first, [("n", "late")], "task-late")  # the run's late write for the superseded checkpoint
         reader = ThreadloomSaver(two_stores[1])
         assert reader.get_tuple(second).pending_writes == [("task-early", "n", "early")]
-        assert reader.get_tuple(first).pending_writes == []  # a superseded checkpoint keeps no writes
+        assert reader.get_tuple(first).pending_writes == [("task-late", "n", "late")]  # kept for its checkpoint
+        third = a.put(second, generate_checkpoint(channel_values={"n": 2}, channel_versions={"n": 3}),
+                      generate_metadata(step=2), {"n": 3})
+        a.put_writes(first, [("n", "later")], "task-later")  # two checkpoints late: accepted, not kept
+        assert [(t.checkpoint["id"], t.pending_writes) for t in reader.list(generate_config("t4"))] == [
+            (third["configurable"]["checkpoint_id"], []),
+            (second["configurable"]["checkpoint_id"], [("task-early", "n", "early")]),
+            (first["configurable"]["checkpoint_id"], [("task-late", "n", "late")]),
+        ]
         reader.close()
     finally:
         a.close()
@@ -365,6 +373,27 @@ def test_a_write_between_read_and_first_write_is_a_conflict(two_stores) -> None:
         again = a.get_tuple(generate_config("c1"))  # a run that reads again may write
         mine = _put(a, "c1", again.config, step=2)
         assert _ids(a, "c1")[0] == mine["configurable"]["checkpoint_id"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_first_checkpoint_between_read_of_an_empty_thread_and_first_write_is_a_conflict(two_stores) -> None:
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    try:
+        assert a.get_tuple(generate_config("e1")) is None  # A's run reads a new, empty thread...
+        with b.hold("e1"):
+            other = _put(b, "e1")  # ...another host's run writes its first checkpoint...
+        from threadloom import CheckpointConflict
+
+        with pytest.raises(CheckpointConflict):
+            _put(a, "e1")  # ...A's first checkpoint, built on the empty thread, is refused
+        assert _ids(a, "e1") == [other["configurable"]["checkpoint_id"]]
+        assert two_stores[0].current_claim("e1") is None  # the refused run's claim was released
+        again = a.get_tuple(generate_config("e1"))  # a run that reads again may write
+        mine = _put(a, "e1", again.config, step=1)
+        assert _ids(a, "e1") == [mine["configurable"]["checkpoint_id"], other["configurable"]["checkpoint_id"]]
     finally:
         a.close()
         b.close()
