@@ -372,7 +372,9 @@ class Subscription:
     def active(self) -> bool:
         """True until cancelled, or until the watch ended and every queued event was delivered."""
         with self._cond:
-            return not self._cancelled and not (self._ended and not self._queue)
+            # An event handed to a parked consumer that has not resumed yet is out of the queue, not delivered.
+            delivered = not self._queue and self._queued_seq <= self._last_seq
+            return not self._cancelled and not (self._ended and delivered)
 
     @property
     def error(self) -> ThreadloomError | None:
