@@ -129,9 +129,9 @@ class Subscription:
         running loop if not given; a tail delivering to a thousand consumers costs one ``set_result`` each), else
         through ``call_soon_threadsafe``.
 
-        The first parked consumer of ``here`` is handed the first queued event as its future's result (it
-        returns it without taking the lock again); the others, and consumers on other loops, look at the queue
-        when they wake."""
+        Each parked consumer of ``here``, in the order they parked, is handed the next queued event as its
+        future's result while any remain (it returns it without taking the lock again); the others, and
+        consumers on other loops, look at the queue when they wake."""
         if self._blocked:
             self._cond.notify_all()
         parked = self._parked
