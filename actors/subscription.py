@@ -96,7 +96,7 @@ class Subscription:
         self._task: Task | None = None
         self._until_run_end = until_run_end
         self._blocked = 0  # get() calls waiting on the condition: only then does a delivery notify it
-        self._parked: list[asyncio.Future[None]] = []  # what the async consumers parked in __anext__ await
+        self._parked: list[asyncio.Future[EventRecord | None]] = []  # what parked __anext__ calls await
         self._atask: asyncio.Task[None] | None = None  # the async watch, on the loop that subscribed
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._adone = threading.Event()
@@ -127,17 +127,22 @@ class Subscription:
         """Wakes every consumer (called under the condition): the blocked ``get`` calls, and each parked
         ``__anext__`` by resolving its future - directly when called on that future's loop (``here``, the
         running loop if not given; a tail delivering to a thousand consumers costs one ``set_result`` each), else
-        through ``call_soon_threadsafe``."""
+        through ``call_soon_threadsafe``.
+
+        Each parked consumer of ``here``, in the order they parked, is handed the next queued event as its
+        future's result while any remain (it returns it without taking the lock again); the others, and
+        consumers on other loops, look at the queue when they wake."""
         if self._blocked:
             self._cond.notify_all()
         parked = self._parked
         if parked:
             if here is None:
                 here = running_loop()
+            queue = self._queue
             for future in parked:
                 if future.get_loop() is here:
                     if not future.done():
-                        future.set_result(None)
+                        future.set_result(queue.popleft() if queue else None)
                 else:
                     try:
                         future.get_loop().call_soon_threadsafe(_resolve, future)
@@ -367,7 +372,9 @@ class Subscription:
     def active(self) -> bool:
         """True until cancelled, or until the watch ended and every queued event was delivered."""
         with self._cond:
-            return not self._cancelled and not (self._ended and not self._queue)
+            # An event handed to a parked consumer that has not resumed yet is out of the queue, not delivered.
+            delivered = not self._queue and self._queued_seq <= self._last_seq
+            return not self._cancelled and not (self._ended and delivered)
 
     @property
     def error(self) -> ThreadloomError | None:
@@ -416,7 +423,7 @@ class Subscription:
         the error the watch ended with once every event before it was delivered."""
         cond = self._cond
         while True:
-            cond.acquire()  # not ``with``: a thousand consumers woken by one commit each pass here twice
+            cond.acquire()  # not ``with``: a thousand consumers woken by one commit each pass here
             try:
                 if self._cancelled:
                     raise StopAsyncIteration
@@ -428,19 +435,31 @@ class Subscription:
                     if self._error is not None:
                         raise self._error
                     raise StopAsyncIteration
-                parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                parked: asyncio.Future[EventRecord | None] = asyncio.get_running_loop().create_future()
                 self._parked.append(parked)
             finally:
                 cond.release()
             try:
-                await parked
+                handed = await parked
             except asyncio.CancelledError:  # the consumer's task was cancelled: forget its future
                 self._unpark(parked)
                 raise
+            if handed is not None:  # the delivery handed this consumer the next event (see _notify)
+                if self._cancelled:  # cancelled since: nothing is delivered after cancel
+                    raise StopAsyncIteration
+                if handed.seq > self._last_seq:
+                    self._last_seq = handed.seq
+                return handed
 
-    def _unpark(self, parked: asyncio.Future[None]) -> None:
+    def _unpark(self, parked: asyncio.Future[EventRecord | None]) -> None:
+        """Forgets a cancelled consumer's future; an event already handed to it goes back to the queue's front
+        (the task was cancelled after the delivery, before it resumed), so the next consumer gets it."""
         with self._cond:
             self._parked = [future for future in self._parked if future is not parked]
+            if parked.done() and not parked.cancelled():
+                handed = parked.result()
+                if handed is not None and not self._cancelled:
+                    self._queue.appendleft(handed)
 
     def __iter__(self) -> Iterator[EventRecord]:
         """Yields events until the subscription is cancelled or ends (then raises its error, if any)."""
@@ -600,7 +619,7 @@ class Tail:
             report()
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[EventRecord | None]) -> None:
     """Resolves a parked consumer's future on its own loop (unless it was cancelled meanwhile)."""
     if not future.done():
         future.set_result(None)

@@ -401,6 +401,11 @@ _FIELDS: dict[type, frozenset[str]] = {
     for cls in (Checkpoint, EventDraft, Commit)
 }
 
+_SETTERS: dict[type, dict[str, Callable[[Any, Any], None]]] = {
+    cls: {a.name: vars(cls)[a.name].__set__ for a in attrs.fields(cls)} for cls in (Checkpoint, EventDraft, Commit)
+}
+"""Each field's slot setter (what ``object.__setattr__`` ends up calling, without its lookup), by class."""
+
 
 def prevalidated(cls: type[_T], text: str | None = None, **fields: Any) -> _T:
     """A :class:`Checkpoint`, :class:`EventDraft` or :class:`Commit` from fields its caller validated already: for
@@ -415,17 +420,18 @@ def prevalidated(cls: type[_T], text: str | None = None, **fields: Any) -> _T:
     Raises:
         TypeError: a public field is missing or unknown (a bug of the caller).
     """
-    names = _FIELDS[cls]
-    if fields.keys() != names:
+    if fields.keys() != _FIELDS[cls]:
+        names = _FIELDS[cls]
         raise TypeError(f"{cls.__name__} needs exactly the fields {sorted(names)}, got {sorted(fields)}")
+    setters = _SETTERS[cls]
     value = object.__new__(cls)
     for name, item in fields.items():
-        object.__setattr__(value, name, item)
+        setters[name](value, item)
     if cls is Commit:
-        object.__setattr__(value, "_seal", _COMMIT_GETTER(value))
+        setters["_seal"](value, _COMMIT_GETTER(value))
     else:
-        object.__setattr__(value, "_json", text)
-        object.__setattr__(value, "_seal", cls._GETTER(value))  # type: ignore[attr-defined]
+        setters["_json"](value, text)
+        setters["_seal"](value, cls._GETTER(value))  # type: ignore[attr-defined]
     return value
 
 

@@ -313,3 +313,36 @@ def test_events_before_the_threads_first_checkpoint_wait_for_the_tenant_check(mo
         runtime.close()
     finally:
         harness.cleanup()
+
+
+def test_an_event_handed_to_a_consumer_cancelled_before_it_resumed_goes_to_the_next_consumer() -> None:
+    # A delivery hands the next event to the parked consumer's future; when that consumer's task is cancelled
+    # before it runs again, the event must stay in the subscription (no gap), and is not delivered twice.
+    harness = MemoryHarness()
+    try:
+        store = harness.open()
+        runtime = GraphRuntime(store, node_id="wake")
+
+        async def host() -> None:
+            loop = asyncio.get_running_loop()
+            await (await runtime.astart("t1", _tick_graph(), {"n": 1}))  # events 1..3
+            subscription = runtime.subscribe("t1", 3)
+            writer = Writer(store, harness, "t1")
+            parked = asyncio.create_task(subscription.__anext__())
+            await _until(lambda: bool(subscription._parked), "the consumer to park")
+            writer.emit(1)  # event 4; the tail delivers it later, on this loop
+            (event,) = store.events_after("t1", 3, 10)
+            subscription._deliver([event], loop=loop)  # the delivery hands it to the parked consumer...
+            parked.cancel()  # ...whose task is cancelled before it resumed
+            with pytest.raises(asyncio.CancelledError):
+                await parked
+            assert (await asyncio.wait_for(subscription.__anext__(), WAIT)).seq == 4
+            writer.emit(1)  # event 5
+            assert (await asyncio.wait_for(subscription.__anext__(), WAIT)).seq == 5  # 4 not twice
+            assert subscription.last_seq == 5
+            subscription.cancel()
+
+        asyncio.run(host())
+        runtime.close()
+    finally:
+        harness.cleanup()
