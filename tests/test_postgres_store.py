@@ -351,8 +351,9 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
         versions = conn.execute(f'SELECT version FROM "{harness.schema}".schema_version').fetchall()
     # 2: the run queue; 3: bigint retention counts; 4: commit texts; 5: a retract turn's parent is the latest;
     # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only; 9: a commit without a
-    # checkpoint re-stamps its thread in its own transaction; 10: checkpoint metadata in a column
-    assert versions == [(version,) for version in range(1, 11)]
+    # checkpoint re-stamps its thread in its own transaction; 10: checkpoint metadata in a column; 11: pending writes
+    # numbered per checkpoint
+    assert versions == [(version,) for version in range(1, 12)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -389,6 +390,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
         "0001_store.sql", "0002_run_queue.sql", "0003_retention_counts.sql", "0004_commit_texts.sql",
         "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
         "0008_stamped_tenant_indexes.sql", "0009_commit_restamps.sql", "0010_checkpoint_metadata.sql",
+        "0011_pending_write_numbers.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file
@@ -423,7 +425,7 @@ REPLACED_FORMS = {
 }
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
 def test_a_schema_an_earlier_version_created_migrates_to_what_a_new_one_holds(
     harness: PgHarness, monkeypatch, version: int
 ) -> None:
@@ -585,6 +587,49 @@ def test_await_wakes_on_a_commit_through_another_store(harness: PgHarness) -> No
     worker.join(15)
     assert not worker.is_alive(), "still waiting: the notification did not wake it (its timeout is 20 s)"
     assert [e.type for e in box["value"]] == ["a", "b"]
+
+
+def test_await_wakes_on_a_commit_through_a_store_over_the_callers_pool(harness: PgHarness) -> None:
+    """A commit through a store over a caller's pool wakes waiters on another store."""
+    waiter = harness.open()
+    pool = psycopg_pool.ConnectionPool(harness.dsn, min_size=1, max_size=2, open=True)
+    try:
+        writer = PostgresCheckpointer.create(pool, harness.config())
+        token = claim(writer, "t").token
+        worker, box = wait_in_thread(waiter, "t", 0, timedelta(seconds=20))
+        time.sleep(0.3)
+        assert listening(waiter)
+        writer.commit("t", Commit(token=token, checkpoint=checkpoint("t", "c1", None), events=[event("a")]))
+        worker.join(15)
+        assert not worker.is_alive(), "still waiting: the notification did not wake it (its timeout is 20 s)"
+        assert [e.type for e in box["value"]] == ["a"]
+        writer.close()
+    finally:
+        pool.close()
+
+
+def test_pending_writes_are_numbered_per_checkpoint(harness: PgHarness) -> None:
+    """A new checkpoint numbers its pending writes from 1 again (its commit's delete of the old ones then meets no
+    index entry of writes deleted before), and the latest's pending writes keep commit order."""
+    from threadloom import PendingWrite
+
+    store = harness.open()
+    token = claim(store, "t").token
+    parent = None
+    for n in range(1, 4):
+        cp = f"c{n}"
+        writes = [PendingWrite(checkpoint_id=cp, task_id=f"{cp}-{i}", node_id="n", payload=i) for i in range(2)]
+        store.commit("t", Commit(token=token, checkpoint=checkpoint("t", cp, parent), pending_writes=writes))
+        store.commit("t", Commit(token=token, pending_writes=[
+            PendingWrite(checkpoint_id=cp, task_id=f"{cp}-late", node_id="n", payload="late")
+        ]))
+        parent = cp
+    latest = store.latest("t")
+    assert [w.task_id for w in latest.pending_writes] == ["c3-0", "c3-1", "c3-late"]
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        idx = conn.execute(f'SELECT idx FROM "{harness.schema}".pending_writes ORDER BY idx').fetchall()
+        next_pw = conn.execute(f'SELECT next_pw FROM "{harness.schema}".threads').fetchone()[0]
+    assert idx == [(1,), (2,), (3,)] and next_pw == 4
 
 
 def test_await_wakes_on_a_delete_through_another_store(harness: PgHarness) -> None:

@@ -1,7 +1,8 @@
--- commit (version 10: the checkpoint's metadata in a column of its own; version 9: a commit without a checkpoint
--- re-stamps a thread an older schema stamped, in its own transaction; version 7: access stamps; version 5 a
--- retract_turn commit's parent against the newest settled checkpoint instead of the latest; versions 1 to 3 had a
--- form that numbered spliced event texts and answered a code).
+-- commit (version 11: a new checkpoint numbers its pending writes from 1 again; version 10: the checkpoint's
+-- metadata in a column of its own; version 9: a commit without a checkpoint re-stamps a thread an older schema
+-- stamped, in its own transaction; version 7: access stamps; version 5 a retract_turn commit's parent against the
+-- newest settled checkpoint instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and
+-- answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
 -- fenced writes never deadlock), reads what the commit checks need, and applies the commit when every check
@@ -30,6 +31,11 @@
 -- Event texts arrive without their number: each is stored as '{{"seq":<n>,' || text, exactly the text the
 -- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
 -- or re-read by the client.
+--
+-- Pending writes are numbered (idx) per checkpoint, from 1: a new checkpoint deletes the old one's and numbers its
+-- own from 1 again, so its insert meets the deleted keys' index entries in the primary key's uniqueness check, which
+-- marks them dead. Numbered on across checkpoints (before version 11), every deleted pending write left an index
+-- entry that each later commit's delete walked again until a vacuum: a commit's cost grew with the commits since.
 CREATE OR REPLACE FUNCTION {s}.tl_commit(
     p_thread text, p_token bigint, p_fence text, p_fence_token bigint,
     p_cp_id text, p_cp_parent text, p_cp_run text, p_cp_status text, p_cp_tenant text, p_cp_graph text,
@@ -48,6 +54,7 @@ DECLARE
     v_pos bigint;
     v_events integer := coalesce(cardinality(p_ev_bodies), 0);
     v_pws integer := coalesce(cardinality(p_pw_bodies), 0);
+    v_pw bigint;
 BEGIN
     IF p_fence IS NOT NULL THEN
         PERFORM 1 FROM {s}.threads WHERE thread_id IN (p_thread, p_fence) ORDER BY thread_id FOR UPDATE;
@@ -60,6 +67,7 @@ BEGIN
     latest := r.latest_id;
     base := r.latest_id;
     v_keep := r.latest_pos;
+    v_pw := r.next_pw;
     IF p_cp_id IS NOT NULL THEN
         IF p_retract THEN  -- no settled checkpoint: NULL (the whole history goes)
             SELECT c.pos INTO v_keep FROM {s}.checkpoints c
@@ -97,6 +105,7 @@ BEGIN
             DELETE FROM {s}.checkpoints WHERE thread_id = p_thread AND pos > coalesce(v_keep, 0);
         END IF;
         v_pos := r.next_pos;
+        v_pw := 1;  -- the new checkpoint's pending writes are numbered from 1
         INSERT INTO {s}.checkpoints (thread_id, pos, id, run_id, status, committed_at, seq_mark, body, metadata,
                                      access_schema, access_tenant, access_attrs)
             VALUES (p_thread, v_pos, p_cp_id, p_cp_run, p_cp_status, v_stamp, r.next_seq, p_cp_body, p_cp_metadata,
@@ -112,7 +121,7 @@ BEGIN
     END IF;
     IF v_pws > 0 THEN
         INSERT INTO {s}.pending_writes (thread_id, idx, body, access_schema, access_tenant, access_attrs)
-            SELECT p_thread, r.next_pw + u.o - 1, u.b, p_access_schema, p_access_tenant, p_access_attrs
+            SELECT p_thread, v_pw + u.o - 1, u.b, p_access_schema, p_access_tenant, p_access_attrs
             FROM unnest(p_pw_bodies) WITH ORDINALITY AS u(b, o);
     END IF;
     IF v_events > 0 THEN
@@ -129,7 +138,7 @@ BEGIN
     END IF;
     IF p_cp_id IS NOT NULL THEN
         UPDATE {s}.threads SET
-            next_seq = next_seq + v_events, next_pos = v_pos + 1, next_pw = next_pw + v_pws,
+            next_seq = next_seq + v_events, next_pos = v_pos + 1, next_pw = v_pw + v_pws,
             stamped_at = v_stamp, updated_at = v_stamp,
             metadata = CASE WHEN p_metadata IS NULL THEN metadata ELSE metadata || p_metadata END,
             latest_pos = v_pos, latest_id = p_cp_id, latest_run_id = p_cp_run, latest_status = p_cp_status,
