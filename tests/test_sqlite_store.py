@@ -46,6 +46,7 @@ from threadloom.domain.values import (
     ThreadStatus,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.sqlite import connection
 from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
 from threadloom.persistence.sqlite.store import SYNCHRONOUS, SqliteCheckpointer
@@ -205,6 +206,28 @@ def test_closing_every_store_closes_every_connection(path: str, clock: ManualClo
         opened.close()
     # SQLite removes the write-ahead log when the file's last connection closes.
     assert not os.path.exists(path + "-wal")
+
+
+def test_the_log_is_copied_back_into_the_file_off_the_commit_path(path: str, clock: ManualClock) -> None:
+    # Far fewer frames than wal_autocheckpoint: only the store's checkpointer thread copies them into the file.
+    store = SqliteCheckpointer.open(path, clock=clock)
+    thread = Thread(store, clock, "t")
+    size_before = os.path.getsize(path)
+    for _ in range(connection.CHECKPOINT_EVERY):
+        thread.step()
+    checkpointer = store._db.checkpointer
+    for _ in range(1000):  # bounded: the checkpointer was poked by the last commit
+        if checkpointer.passes:
+            break
+        threading.Event().wait(0.01)
+    assert checkpointer.passes >= 1
+    assert os.path.getsize(path) > size_before  # the checkpoints' pages are in the file itself now
+    names = {t.name for t in threading.enumerate()}
+    assert any(name.startswith("threadloom-sqlite-checkpoint-") for name in names)
+    store.close()
+    assert not any(t.name.startswith("threadloom-sqlite-checkpoint-") for t in threading.enumerate())
+    with SqliteCheckpointer.open(path, clock=clock) as again:
+        assert [cp.id for cp in again.history("t", limit=2)] == [thread.latest, f"t-c{thread.count - 1}"]
 
 
 # -- opening bad paths ---------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ processes meet the busy timeout.
 
 Connection settings: ``synchronous`` (``NORMAL`` by default: in WAL mode a commit survives a crash of the process
 and never corrupts the file; a power loss may lose the last commits; ``FULL`` syncs every commit) and
-``wal_autocheckpoint`` = :data:`WAL_AUTOCHECKPOINT` pages.
+``wal_autocheckpoint`` = :data:`WAL_AUTOCHECKPOINT` pages. Every :data:`CHECKPOINT_EVERY` write transactions a
+thread of the database copies the log back into the file (a passive checkpoint on its own connection), so commits
+do not pay for the copy and its syncs; a commit's durability is that of its own ``COMMIT``, checkpoint or not.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ WAL_AUTOCHECKPOINT = 10_000
 dozen pages (a checkpoint row, its indexes, the thread row and the registry's indexes, events, pending writes), so
 the default would copy the log back into the file, and sync it, every ~80 commits; 10,000 pages (about 40 MB of
 log at 4 KiB pages) makes that ten times rarer and lets a page written by many commits be copied back once."""
+
+CHECKPOINT_EVERY = 100
+"""Write transactions of a database between two of its background WAL checkpoints. The database's checkpointer
+thread copies the log back into the file (``PRAGMA wal_checkpoint(PASSIVE)``: it never waits for a writer or a
+reader, and a writer never waits for it), so a commit seldom pays for the copy and its syncs itself; the
+connections' ``wal_autocheckpoint`` (:data:`WAL_AUTOCHECKPOINT`) stays as the bound of the log when the
+checkpointer falls behind (a reader holding an old snapshot, another process checkpointing)."""
 
 MAX_WRITE_BATCH = 32
 """Most writes of one database that share one transaction and one ``COMMIT`` (group commit)."""
@@ -108,6 +117,60 @@ class _Write:
         return self.value
 
 
+class _Checkpointer:
+    """The thread that checkpoints a database's WAL when poked (:data:`CHECKPOINT_EVERY`), on a connection of its
+    own; started at the first poke, stopped by :meth:`stop`. A checkpoint that fails is skipped: the next poke tries
+    again, and a commit's auto-checkpoint bounds the log meanwhile."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
+        self._connect = connect
+        self._name = name
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.passes = 0
+        """Checkpoints completed (for tests and diagnostics)."""
+
+    def poke(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def stop(self, timeout_s: float) -> None:
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                try:
+                    if conn is None:
+                        conn = self._connect()
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self.passes += 1
+                except sqlite3.Error:  # busy, closed, I/O: the log stays as it is until the next poke
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+
 class Database:
     """One SQLite file, its connection pool and its group-commit writer (see the module).
 
@@ -138,6 +201,8 @@ class Database:
         self._queue_lock = threading.Lock()
         self.leading = False
         self._last_batch = 0
+        self._since_checkpoint = 0  # write transactions committed since the checkpointer was last poked
+        self.checkpointer = _Checkpointer(self._connect, f"threadloom-sqlite-checkpoint-{os.path.basename(path)}")
 
     @property
     def closed(self) -> bool:
@@ -153,6 +218,7 @@ class Database:
         with self._pool_lock:
             self._closed = True
             idle, self.idle = self.idle, []
+        self.checkpointer.stop(self.busy_s)
         for conn in idle:
             conn.close()
 
@@ -414,6 +480,7 @@ class Database:
                 if applied:
                     committing = True
                     conn.execute("COMMIT")
+                    self._since_checkpoint += 1
                 else:
                     conn.execute("ROLLBACK")
             except sqlite3.Error as error:
@@ -430,6 +497,9 @@ class Database:
             self._give(conn, True)
         finally:
             self.write_lock.release()
+        if self._since_checkpoint >= CHECKPOINT_EVERY:
+            self._since_checkpoint = 0
+            self.checkpointer.poke()
 
     def _fail_all(self, requests: list[_Write], error: sqlite3.Error, *, committing: bool) -> None:
         for request in requests:
@@ -443,6 +513,7 @@ def _fetch_all(conn: sqlite3.Connection, sql: str, params: Any) -> list[tuple[An
 
 
 __all__ = [
+    "CHECKPOINT_EVERY",
     "IMMUTABLE_READ_ATTEMPTS",
     "MAX_IDLE_CONNECTIONS",
     "MAX_WRITE_BATCH",
