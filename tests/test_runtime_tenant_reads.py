@@ -4,6 +4,7 @@ stamps and fail closed (README "Access schemas"), on a real SQLite file."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,7 +54,12 @@ def test_runtime_tenant_reads_return_only_rows_stamped_for_the_tenant(tmp_path: 
         assert [thread.thread_id for thread in page.threads] == ["t1"] and page.next is None
         assert [cp.id for cp in page.threads[0].checkpoints] == [first, second]
         assert [thread.thread_id for thread in runtime.export_tenant("globex").threads] == ["t2"]
-        # a row stamped for another tenant is never returned, even to the thread's own tenant
+        # a row stamped for another tenant is never returned, even to the thread's own tenant; the runtime's walk
+        # of kind "g" must be past t1 first, or its stamp of the older row could land after the hand edit below
+        deadline = time.monotonic() + 60
+        while not (runtime.walks().get("g") and runtime.walks()["g"].completed):
+            assert time.monotonic() < deadline, f"the walk of 'g' did not complete: {runtime.walks()}"
+            time.sleep(0.05)
         with sqlite3.connect(path) as conn:
             conn.execute("UPDATE checkpoints SET access_tenant = 'globex' WHERE thread_id = 't1' AND id = ?", (first,))
         assert [cp.id for cp in runtime.history("t1", "acme")] == [second]
