@@ -50,3 +50,23 @@ def restore_cli_logging():
     root.setLevel(level)
     for name, driver_level in drivers.items():
         logging.getLogger(name).setLevel(driver_level)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def each_store(request, tmp_path):
+    """A fresh store of each kind: memory, a SQLite file under ``tmp_path``, a PostgreSQL schema dropped after."""
+    if request.param == "postgres":
+        from threadloom.testing.postgres_harness import PgHarness
+
+        harness = PgHarness()
+        try:
+            yield harness.open_pg()
+        finally:
+            harness.cleanup()
+        return
+    from threadloom.persistence.memory.store import InMemoryCheckpointer
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    opened = InMemoryCheckpointer() if request.param == "memory" else SqliteCheckpointer.open(tmp_path / "store.db")
+    yield opened
+    opened.close()

@@ -24,27 +24,11 @@ from threadloom import ClaimRequest, Commit, ValidationError
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
-from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request, tmp_path):
-    if request.param == "memory":
-        opened = InMemoryCheckpointer()
-        yield opened
-        opened.close()
-    elif request.param == "sqlite":
-        opened = SqliteCheckpointer.open(tmp_path / "list.db")
-        yield opened
-        opened.close()
-    else:
-        from threadloom.testing.postgres_harness import PgHarness
-
-        harness = PgHarness()
-        try:
-            yield harness.open_pg()
-        finally:
-            harness.cleanup()
+@pytest.fixture
+def store(each_store):
+    return each_store
 
 
 def _metadata(index: int) -> dict[str, Any]:

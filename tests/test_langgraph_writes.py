@@ -22,27 +22,11 @@ from langgraph.types import Command, interrupt
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
-from threadloom.persistence.sqlite.store import SqliteCheckpointer
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request, tmp_path):
-    if request.param == "memory":
-        opened = InMemoryCheckpointer()
-        yield opened
-        opened.close()
-    elif request.param == "sqlite":
-        opened = SqliteCheckpointer.open(tmp_path / "writes.db")
-        yield opened
-        opened.close()
-    else:
-        from threadloom.testing.postgres_harness import PgHarness
-
-        harness = PgHarness()
-        try:
-            yield harness.open_pg()
-        finally:
-            harness.cleanup()
+@pytest.fixture
+def store(each_store):
+    return each_store
 
 
 class _State(TypedDict, total=False):
