@@ -544,7 +544,9 @@ class RetentionPolicy:
     """What prune and sweep keep. ``RetentionPolicy()`` keeps everything.
 
     Attributes:
-        max_age: checkpoints and events committed this long ago or longer (store clock) are removed.
+        max_age: checkpoints and events committed this long ago or longer (store clock) are removed. A thread's
+            commit stamps never decrease (a clock that stepped back stamps the thread's last stamp again), so
+            what goes is always the oldest part of its history and of its log.
         max_checkpoints: keep at most this many newest checkpoints (>= 1).
         max_events: keep at most this many newest events (>= 0).
     The latest checkpoint and its pending writes are always kept.

@@ -46,6 +46,7 @@ from threadloom.domain.values import (
     ThreadStatus,
 )
 from threadloom.persistence import codec
+from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.persistence.sqlite import connection
 from threadloom.persistence.sqlite import schema as sqlite_schema
 from threadloom.persistence.sqlite import store as sqlite_store
@@ -684,8 +685,8 @@ def test_every_statement_is_answered_through_an_index(path: str, store: SqliteCh
         "CHILDREN": "children_listed (parent=? AND place>?)",
         "EVENTS": "events USING PRIMARY KEY (thread_id=? AND seq>?)",
         "SWEEP_PAGE": "threads USING PRIMARY KEY (thread_id>?)",
-        "PRUNE_BY_AGE": "checkpoints_age (thread_id=? AND committed_at<?)",
-        "NEWEST_EXPIRED_EVENT": "events_age (thread_id=? AND committed_at<?)",
+        "AGE_CUTOFF": "checkpoints USING PRIMARY KEY (thread_id=?)",
+        "NEWEST_EXPIRED_EVENT": "events USING PRIMARY KEY (thread_id=? AND seq<?)",
         "NEWEST_SETTLED": "checkpoints_settled (thread_id=?)",
         "TENANTS": "threads_registry (latest_tenant>?)",
         "TENANTLESS": "threads_registry (latest_tenant=?)",
@@ -948,3 +949,87 @@ def test_search_history_reads_the_metadata_of_rows_written_before_migration_7(
     assert [cp.id for cp in store.search_history("t", metadata={"k": "a", "j": "x"}, limit=10).items] == ["c3"]
     assert [cp.id for cp in store.search_history("t", metadata={"k": "b"}, limit=10).items] == ["c1"]
     assert len(store.search_history("t", metadata={}, limit=10).items) == 4
+
+
+# -- non-decreasing commit stamps (migration 8) ---------------------------------------------------------------------
+
+
+def _stamps(path: str) -> tuple[list[tuple[str, int]], list[tuple[int, int]]]:
+    conn = raw(path)
+    checkpoints = conn.execute("SELECT id, committed_at FROM checkpoints ORDER BY position").fetchall()
+    events = conn.execute("SELECT seq, committed_at FROM events ORDER BY seq").fetchall()
+    return checkpoints, events
+
+
+def test_a_clock_that_steps_back_stamps_the_threads_last_stamp_again(
+    path: str, store: SqliteCheckpointer, clock: ManualClock
+) -> None:
+    thread = Thread(store, clock, "t")
+    first = codec.to_micros(clock.now())
+    thread.step()
+    clock.advance(-timedelta(seconds=10))
+    thread.step()
+    store.commit("t", Commit(token=thread.token, events=(EventDraft(run_id="run-1", type="log", timestamp=clock.now()),)))
+    clock.advance(timedelta(seconds=30))
+    thread.step()
+    later = codec.to_micros(clock.now())
+    checkpoints, events = _stamps(path)
+    assert [at for _id, at in checkpoints] == [first, first, later]
+    assert [at for _seq, at in events] == [first, first, first, later]
+    (updated,) = raw(path).execute("SELECT updated_at FROM threads").fetchone()
+    assert updated == later  # the registry's time is the clock's, as before
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_max_age_removes_the_prefix_a_clock_that_stepped_back_left(
+    kind: str, path: str, clock: ManualClock
+) -> None:
+    """c1 was committed while the clock read 10 s before c0's commit: it is stamped as c0, so whatever max_age
+    removes is a prefix of the history and of the log; both stores agree."""
+    opened = InMemoryCheckpointer(clock) if kind == "memory" else SqliteCheckpointer.open(path, clock=clock)
+    with opened as store:
+        token = store.claim("t", ClaimRequest(holder="r", ttl=LONG)).token
+        parent = None
+        for index, step_back in enumerate((0, -10, 30, 0)):
+            clock.advance(timedelta(seconds=step_back))
+            cp = Checkpoint(id=f"c{index}", parent=parent, thread_id="t", run_id="r", status=CheckpointStatus.RUNNING,
+                            created_at=clock.now())  # fmt: skip
+            store.commit("t", Commit(token=token, checkpoint=cp,
+                                     events=(EventDraft(run_id="r", type="step", timestamp=clock.now()),)))  # fmt: skip
+            parent = cp.id
+        # Stamps: c0 at START, c1 at START (the clock read START - 10 s), c2 and c3 at START + 20 s, the clock's time
+        # now. Stamped by the clock alone, c1 would expire before c0 (a hole in the history); it does not.
+        store.prune("t", RetentionPolicy(max_age=timedelta(seconds=25)))
+        assert [cp.id for cp in store.history("t", limit=10)] == ["c3", "c2", "c1", "c0"]
+        assert [event.seq for event in store.events_after("t", 0, limit=10)] == [1, 2, 3, 4]
+        store.prune("t", RetentionPolicy(max_age=timedelta(seconds=19)))
+        assert [cp.id for cp in store.history("t", limit=10)] == ["c3", "c2"]
+        assert [event.seq for event in store.events_after("t", 2, limit=10)] == [3, 4]
+
+
+def test_a_file_of_version_7_migrates_to_8_and_keeps_its_data(path: str, clock: ManualClock) -> None:
+    with SqliteCheckpointer.open(path, clock=clock) as store:
+        thread = Thread(store, clock, "t")
+        ids = [thread.step() for _ in range(3)]
+    conn = raw(path)
+    with conn:  # as version 7 left a file: the age indexes, no stamp column
+        conn.execute("CREATE INDEX checkpoints_age ON checkpoints (thread_id, committed_at, position)")
+        conn.execute("CREATE INDEX events_age ON events (thread_id, committed_at, seq)")
+        conn.execute("ALTER TABLE threads DROP COLUMN stamped_at")
+        conn.execute("DELETE FROM schema_version WHERE version = 8")
+    before = _stamps(path)
+    clock.advance(timedelta(seconds=1))
+    with SqliteCheckpointer.open(path, clock=clock) as store:
+        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (8,)
+        indexes = {name for (name,) in raw(path).execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert not {"checkpoints_age", "events_age"} & indexes
+        assert _stamps(path) == before
+        assert [cp.id for cp in store.history("t", limit=10)] == list(reversed(ids))
+        assert raw(path).execute("SELECT stamped_at FROM threads").fetchone() == (None,)
+        thread.store = store
+        clock.advance(-timedelta(seconds=5))  # no stamp recorded yet: the first commit stamps the clock's time
+        ids.append(thread.step())
+        assert _stamps(path)[0][-1] == (ids[-1], codec.to_micros(clock.now()))
+        clock.advance(timedelta(seconds=10))
+        store.prune("t", RetentionPolicy(max_age=timedelta(seconds=5)))
+        assert [cp.id for cp in store.history("t", limit=10)] == [ids[-1]]

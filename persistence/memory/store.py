@@ -108,6 +108,7 @@ class _Thread:
     updated_at: datetime | None = None
     claim: _Claim | None = None
     deleted_at: datetime | None = None
+    stamped_at: datetime | None = None  # the last commit's stamp of its checkpoint or events (never lowered)
 
     def holds_nothing(self) -> bool:
         return not (self.history or self.pending or self.events or self.effects or self.metadata or self.claim)
@@ -334,7 +335,12 @@ class InMemoryCheckpointer(StoreBase):
             assert row is not None  # a current claim means the thread has a row
             # Every check passed: apply (nothing below can fail).
             now = read_clock(self._clock)
+            # Stamps never decrease along a history or a log (what max_age removes is a prefix of each), as the
+            # SQL stores stamp them: a clock that stepped back stamps the thread's last stamp again.
+            at = now if row.stamped_at is None else max(now, row.stamped_at)
             stamp = commit.stamp if cp is not None else self._latest_stamp(row, thread_id)
+            if cp is not None or commit.events:
+                row.stamped_at = at
             if cp is None and stamp is not None and row.history[-1].stamp != stamp:
                 self._restamp(row, stamp)  # another schema stamped the thread: its older rows get this one too
             pending = [write.text for write in commit.pending_writes]
@@ -344,7 +350,7 @@ class InMemoryCheckpointer(StoreBase):
                 del row.history[keep:]
                 row.ids.add(cp.id)
                 row.history.append(
-                    _Stored(cp.text, CheckpointRow(cp.id, cp.run_id, now, row.next_seq), cp, stamp)
+                    _Stored(cp.text, CheckpointRow(cp.id, cp.run_id, at, row.next_seq), cp, stamp)
                 )
                 row.pending = pending
                 row.pending_stamps = [stamp] * len(pending)
@@ -360,7 +366,7 @@ class InMemoryCheckpointer(StoreBase):
             records = []
             seq = row.next_seq
             for event in commit.events:
-                row.events.append(_Event(seq, now, event.text(seq), stamp))
+                row.events.append(_Event(seq, at, event.text(seq), stamp))
                 records.append(event.record(seq))
                 seq += 1
             row.next_seq = seq

@@ -49,44 +49,36 @@ def prune_row(
     reference store does; True when anything went.
 
     Reads only what it removes plus a bounded number of rows: the count cut-off is found from the oldest end (the
-    rows before it are the ones removed), age through the ``(thread_id, committed_at)`` indexes.
+    rows before it are the ones removed), the age cut-off too (stamps never decrease along a history, so what
+    ``max_age`` removes is a prefix of it: the rows the scan passes are the ones removed, or the kept newest
+    checkpoints of protected runs).
     """
     _token, _first, next_seq, floor, n_checkpoints, latest_position, *_rest = row
     threshold = None if policy.max_age is None else clamp(now_us - duration_micros(policy.max_age))
     removed = 0
     oldest_kept_mark = None
     if latest_position is not None and (policy.max_age is not None or policy.max_checkpoints is not None):
-        cutoff = None  # the oldest checkpoint max_checkpoints keeps; those before it go
+        start = 0  # the checkpoints before this position go (the latest, at most, stays)
+        counted = False
         if policy.max_checkpoints is not None and n_checkpoints > policy.max_checkpoints:
-            cutoff = conn.execute(sql.COUNT_CUTOFF, (thread_id, n_checkpoints - policy.max_checkpoints)).fetchone()[0]
-        aged = threshold is not None and (
-            conn.execute(sql.ANY_EXPIRED, (thread_id, threshold, latest_position)).fetchone() is not None
-        )
-        if cutoff is not None or aged:
+            counted = True
+            start = conn.execute(sql.COUNT_CUTOFF, (thread_id, n_checkpoints - policy.max_checkpoints)).fetchone()[0]
+        aged = False
+        if threshold is not None:
+            oldest, fresh = conn.execute(sql.AGE_CUTOFF, (thread_id, threshold)).fetchone()
+            first_kept = latest_position if fresh is None else min(fresh, latest_position)
+            aged = oldest < first_kept
+            start = max(start, first_kept)
+        if counted or aged:
             # Events before the oldest checkpoint the policy alone keeps go (protected runs keep theirs).
-            start = cutoff if cutoff is not None else 0
-            if threshold is None:
-                found = conn.execute(sql.OLDEST_KEPT, (thread_id, start)).fetchone()
-            else:
-                found = conn.execute(sql.OLDEST_KEPT_AGED, (thread_id, start, threshold, latest_position)).fetchone()
-            oldest_kept_mark = found[0]
-            keep = None
+            oldest_kept_mark = conn.execute(sql.OLDEST_KEPT, (thread_id, start)).fetchone()[0]
             if protected:
                 runs = codec.dumps(sorted(protected))
                 positions = conn.execute(sql.PROTECTED_POSITIONS, (thread_id, runs)).fetchall()
                 keep = codec.dumps(sorted({p for (p,) in positions if p is not None}))
-            if cutoff is not None:
-                if keep is None:
-                    removed += conn.execute(sql.PRUNE_BY_COUNT, (thread_id, cutoff)).rowcount
-                else:
-                    removed += conn.execute(sql.PRUNE_BY_COUNT_KEEP, (thread_id, cutoff, keep)).rowcount
-            if aged:
-                if keep is None:
-                    removed += conn.execute(sql.PRUNE_BY_AGE, (thread_id, threshold, latest_position)).rowcount
-                else:
-                    removed += conn.execute(
-                        sql.PRUNE_BY_AGE_KEEP, (thread_id, threshold, latest_position, keep)
-                    ).rowcount
+                removed = conn.execute(sql.PRUNE_BEFORE_KEEP, (thread_id, start, keep)).rowcount
+            else:
+                removed = conn.execute(sql.PRUNE_BEFORE, (thread_id, start)).rowcount
     newest_expired = None
     if threshold is not None:
         newest_expired = conn.execute(sql.NEWEST_EXPIRED_EVENT, (thread_id, threshold)).fetchone()[0]

@@ -142,6 +142,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: each checkpoint's metadata (a JSON object) in a column of its own, which search_history reads instead
     # of the whole body. Rows written before are NULL: search_history reads their metadata from the body.
     ("ALTER TABLE checkpoints ADD COLUMN metadata TEXT",),
+    # 8: fewer index entries per commit. A commit stamps its checkpoint and events no earlier than the thread's
+    # last stamp (``stamped_at``), so the stamps never decrease along a history or a log: what retention removes
+    # by age is a prefix of each, found through the primary key from the oldest row in time proportional to what
+    # it removes, and the (thread_id, committed_at) indexes, one entry each per commit, go.
+    (
+        "ALTER TABLE threads ADD COLUMN stamped_at INTEGER",
+        "DROP INDEX checkpoints_age",
+        "DROP INDEX events_age",
+    ),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
@@ -186,7 +195,7 @@ FORGET = "DELETE FROM threads WHERE thread_id = ?"
 COMMIT_READ = (
     "SELECT claim_token, next_seq, n_checkpoints, n_pending, metadata, deleting, updated_at,"
     " latest_id, latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,"
-    " access_schema, access_tenant, access_attrs FROM threads WHERE thread_id = ?"
+    " stamped_at, access_schema, access_tenant, access_attrs FROM threads WHERE thread_id = ?"
 )
 # INDEXED BY: else the planner may walk the history backwards from the latest until a settled checkpoint.
 NEWEST_SETTLED = (
@@ -226,18 +235,18 @@ LIST_CHILD = (
 )
 # A commit with neither checkpoint nor metadata leaves the registry's indexed columns alone: this narrower
 # statement does not rewrite their index entries.
-COMMIT_WRITE_LOG = "UPDATE threads SET next_seq = ?, n_pending = ? WHERE thread_id = ?"
+COMMIT_WRITE_LOG = "UPDATE threads SET next_seq = ?, n_pending = ?, stamped_at = ? WHERE thread_id = ?"
 COMMIT_WRITE = (
     "UPDATE threads SET next_seq = ?, n_checkpoints = ?, n_pending = ?, metadata = ?, deleting = ?,"
     " updated_at = ?, latest_id = ?, latest_position = ?, latest_status = ?, latest_run_id = ?,"
-    " latest_tenant = ?, latest_graph_id = ?, origin_parent = ?, access_schema = ?, access_tenant = ?,"
-    " access_attrs = ? WHERE thread_id = ?"
+    " latest_tenant = ?, latest_graph_id = ?, origin_parent = ?, stamped_at = ?, access_schema = ?,"
+    " access_tenant = ?, access_attrs = ? WHERE thread_id = ?"
 )
 # The commit of a checkpoint that keeps the thread's tenant, graph and origin (every step of a run): the columns
 # it leaves out are in threads_graph, threads_tenant and children's listing, whose entries then stay untouched.
 COMMIT_WRITE_STEP = (
     "UPDATE threads SET next_seq = ?, n_checkpoints = ?, n_pending = ?, metadata = ?, deleting = ?,"
-    " updated_at = ?, latest_id = ?, latest_position = ?, latest_status = ?, latest_run_id = ?,"
+    " updated_at = ?, latest_id = ?, latest_position = ?, latest_status = ?, latest_run_id = ?, stamped_at = ?,"
     " access_schema = ?, access_tenant = ?, access_attrs = ? WHERE thread_id = ?"
 )
 # The latest checkpoint's body, to derive a stamp when the thread's is of another schema (an older node's commit).
@@ -304,28 +313,24 @@ PRUNE_READ = (
     " deleted_at FROM threads WHERE thread_id = ?"
 )
 COUNT_CUTOFF = "SELECT position FROM checkpoints WHERE thread_id = ? ORDER BY position LIMIT 1 OFFSET ?"
-ANY_EXPIRED = (
-    "SELECT 1 FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
-    " LIMIT 1"
+# Retention by age (stamps never decrease along a history or a log, see migration 8): the oldest checkpoint's
+# position and the oldest position stamped after the threshold; the scan from the oldest row passes only the
+# expired ones, which the prune then removes (or the kept newest checkpoints of protected runs).
+AGE_CUTOFF = (
+    "SELECT (SELECT position FROM checkpoints WHERE thread_id = ?1 ORDER BY position LIMIT 1),"
+    " (SELECT position FROM checkpoints WHERE thread_id = ?1 AND committed_at > ?2 ORDER BY position LIMIT 1)"
 )
 OLDEST_KEPT = "SELECT seq_mark FROM checkpoints WHERE thread_id = ? AND position >= ? ORDER BY position LIMIT 1"
-OLDEST_KEPT_AGED = (
-    "SELECT seq_mark FROM checkpoints WHERE thread_id = ? AND position >= ? AND (committed_at > ? OR position = ?)"
-    " ORDER BY position LIMIT 1"
-)
-PRUNE_BY_COUNT = "DELETE FROM checkpoints WHERE thread_id = ? AND position < ?"
-PRUNE_BY_COUNT_KEEP = (
+PRUNE_BEFORE = "DELETE FROM checkpoints WHERE thread_id = ? AND position < ?"
+PRUNE_BEFORE_KEEP = (
     "DELETE FROM checkpoints WHERE thread_id = ? AND position < ? AND position NOT IN (SELECT value FROM json_each(?))"
 )
-PRUNE_BY_AGE = (
-    "DELETE FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
+# The newest event stamped at or before the threshold: the one before the oldest stamped after it (the scan from
+# the oldest event passes only expired events, which the prune then removes).
+NEWEST_EXPIRED_EVENT = (
+    "SELECT max(seq) FROM events WHERE thread_id = ?1 AND seq < coalesce("
+    "(SELECT seq FROM events WHERE thread_id = ?1 AND committed_at > ?2 ORDER BY seq LIMIT 1), 9223372036854775807)"
 )
-PRUNE_BY_AGE_KEEP = (
-    "DELETE FROM checkpoints INDEXED BY checkpoints_age WHERE thread_id = ? AND committed_at <= ? AND position < ?"
-    " AND position NOT IN (SELECT value FROM json_each(?))"
-)
-# INDEXED BY: without it the planner may answer max(seq) by walking the log backwards from its newest event.
-NEWEST_EXPIRED_EVENT = "SELECT max(seq) FROM events INDEXED BY events_age WHERE thread_id = ? AND committed_at <= ?"
 PRUNED = "UPDATE threads SET floor = ?, n_checkpoints = ? WHERE thread_id = ?"
 # Thread ids are never empty, so ``after = ''`` starts at the first thread.
 SWEEP_PAGE = "SELECT thread_id FROM threads WHERE thread_id > ? ORDER BY thread_id LIMIT ?"

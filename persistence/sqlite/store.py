@@ -83,7 +83,7 @@ from threadloom.persistence.wakeups import Wakeups
 
 _Row = tuple[Any, ...]
 CANCEL_CHECK_S = 0.02  # how often a blocking wait with a cancel event looks at it
-_NO_THREAD: _Row = (None,) * 17  # COMMIT_READ's columns of a thread the file does not hold
+_NO_THREAD: _Row = (None,) * 18  # COMMIT_READ's columns of a thread the file does not hold
 _UNSTAMPED = (None, None, None)
 _NO_POSITION = 2**63 - 1  # above every position: search_history without ``before`` reads from the latest down
 
@@ -433,16 +433,17 @@ class SqliteCheckpointer(StoreBase):
         (
             current, next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id,
             latest_position, latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,
-            *thread_stamp,
+            stamped_at, *thread_stamp,
         ) = conn.execute(sql.COMMIT_READ, (thread_id,)).fetchone() or _NO_THREAD
         cp = commit.checkpoint
         top = latest_position or 0  # the latest's position; 0 for an empty history
         keep = top  # the checkpoints at or below this position stay (retract_turn cuts back to the settled one)
         now_us: int | None = None
+        at_us = 0  # the rows' stamp: now, or the thread's last stamp when the clock stepped back since
         inserted = False
 
         def contains(checkpoint_id: str) -> bool:
-            nonlocal keep, now_us, inserted
+            nonlocal keep, now_us, at_us, inserted
             if commit.retract_turn:  # the parent named the latest: the cut goes back to the newest settled one
                 settled = conn.execute(sql.NEWEST_SETTLED, (thread_id,)).fetchone()
                 keep = settled[0] if settled is not None else 0
@@ -451,7 +452,8 @@ class SqliteCheckpointer(StoreBase):
             # The insert answers: it writes nothing when the history holds the id. A later check's refusal rolls
             # this call's changes back with the rest.
             now_us = self._now_us()
-            inserted = self._insert_checkpoint(conn, thread_id, commit, keep + 1, now_us, next_seq)
+            at_us = now_us if stamped_at is None else max(now_us, stamped_at)
+            inserted = self._insert_checkpoint(conn, thread_id, commit, keep + 1, at_us, next_seq)
             return not inserted
 
         rules.check_commit(
@@ -469,6 +471,7 @@ class SqliteCheckpointer(StoreBase):
         # Every check passed: apply.
         if now_us is None:
             now_us = self._now_us()
+            at_us = now_us if stamped_at is None else max(now_us, stamped_at)
         self._skew.saw("commit", thread_id, latest_run_id, updated_at, now_us)
         if cp is not None:
             stamp = commit.stamp or _UNSTAMPED
@@ -481,7 +484,7 @@ class SqliteCheckpointer(StoreBase):
             if keep < top:
                 n_checkpoints -= conn.execute(sql.CUT_HISTORY, (thread_id, keep)).rowcount
             if not inserted:
-                self._insert_checkpoint(conn, thread_id, commit, keep + 1, now_us, next_seq)
+                self._insert_checkpoint(conn, thread_id, commit, keep + 1, at_us, next_seq)
             n_checkpoints += 1
             if n_pending > len(writes):
                 conn.execute(sql.DROP_PENDING_FROM, (thread_id, len(writes)))
@@ -508,7 +511,7 @@ class SqliteCheckpointer(StoreBase):
         if commit.events:
             rows = []
             for event in commit.events:
-                rows.append((thread_id, next_seq, now_us, event.text(next_seq), *stamp))
+                rows.append((thread_id, next_seq, at_us, event.text(next_seq), *stamp))
                 records.append(event.record(next_seq))
                 next_seq += 1
             conn.executemany(sql.INSERT_EVENT, rows)
@@ -516,6 +519,8 @@ class SqliteCheckpointer(StoreBase):
             conn.executemany(
                 sql.INSERT_EFFECT, [(thread_id, effect.key, effect.text, *stamp) for effect in commit.effects]
             )
+        if cp is not None or records:
+            stamped_at = at_us
         if commit.metadata:
             merged = {**codec.decode_metadata(metadata_text, thread_id), **commit.metadata}
             metadata_text = codec.encode_metadata(merged)
@@ -523,14 +528,14 @@ class SqliteCheckpointer(StoreBase):
             updated_at = now_us
         if cp is None and not commit.metadata:
             if records or writes:  # the registry's columns stay: a narrower update leaves their index entries alone
-                conn.execute(sql.COMMIT_WRITE_LOG, (next_seq, n_pending, thread_id))
+                conn.execute(sql.COMMIT_WRITE_LOG, (next_seq, n_pending, stamped_at, thread_id))
             return records
         if cp is not None and same_place:
             conn.execute(
                 sql.COMMIT_WRITE_STEP,
                 (
                     next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id,
-                    latest_position, latest_status, latest_run_id, *stamp, thread_id,
+                    latest_position, latest_status, latest_run_id, stamped_at, *stamp, thread_id,
                 ),
             )
             return records
@@ -538,7 +543,7 @@ class SqliteCheckpointer(StoreBase):
             sql.COMMIT_WRITE,
             (
                 next_seq, n_checkpoints, n_pending, metadata_text, deleting, updated_at, latest_id, latest_position,
-                latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent,
+                latest_status, latest_run_id, latest_tenant, latest_graph_id, origin_parent, stamped_at,
                 *stamp, thread_id,
             ),
         )
