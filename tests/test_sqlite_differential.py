@@ -10,6 +10,7 @@ fields) must be equal.
 from __future__ import annotations
 
 import random
+import sqlite3
 from datetime import timedelta
 from typing import Any
 
@@ -279,6 +280,22 @@ class _Driver:
         self.both("sweep", SweepPolicy(batch_size=1000), None)
 
 
+def _check_run_starts(path: str) -> None:
+    """The runs' index holds each run's stretches: ``run_start`` is 1 exactly on the checkpoints whose predecessor
+    in their history is of another run, or that have none (what ``lookup_run`` and retention read)."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT thread_id, position, run_id, run_start FROM checkpoints ORDER BY thread_id, position"
+        ).fetchall()
+    finally:
+        conn.close()
+    before: dict[str, str] = {}
+    for thread_id, position, run_id, run_start in rows:
+        assert run_start == (None if before.get(thread_id) == run_id else 1), (thread_id, position, run_id)
+        before[thread_id] = run_id
+
+
 ARRANGEMENTS = [(SqliteHarness, range(40), 250), (SqlitePairHarness, range(8), 200), (SqliteReopeningHarness, range(4), 150)]
 
 
@@ -293,5 +310,6 @@ def test_same_answers_as_the_reference(harness_class: type, seed: int, steps: in
         store = harness.open()
         reference = InMemoryCheckpointer(harness.clock)
         _Driver(seed, reference, store, harness.clock).run(steps)
+        _check_run_starts(harness.path)
     finally:
         harness.cleanup()

@@ -1010,12 +1010,16 @@ def test_max_age_removes_the_prefix_a_clock_that_stepped_back_left(
 def test_a_file_of_version_7_migrates_to_8_and_keeps_its_data(path: str, clock: ManualClock) -> None:
     with SqliteCheckpointer.open(path, clock=clock) as store:
         thread = Thread(store, clock, "t")
-        ids = [thread.step() for _ in range(3)]
+        ids = [thread.step(run_id=run) for run in ("r1", "r2", "r2", "r1", "r1", "r3")]
     conn = raw(path)
-    with conn:  # as version 7 left a file: the age indexes, no stamp column
+    with conn:  # as version 7 left a file: the age indexes, every checkpoint in the runs' index, no new column
         conn.execute("CREATE INDEX checkpoints_age ON checkpoints (thread_id, committed_at, position)")
         conn.execute("CREATE INDEX events_age ON events (thread_id, committed_at, seq)")
         conn.execute("ALTER TABLE threads DROP COLUMN stamped_at")
+        conn.execute("DROP INDEX checkpoints_run")
+        conn.execute("DROP INDEX checkpoints_start")
+        conn.execute("ALTER TABLE checkpoints DROP COLUMN run_start")
+        conn.execute("CREATE INDEX checkpoints_run ON checkpoints (thread_id, run_id, position)")
         conn.execute("DELETE FROM schema_version WHERE version = 8")
     before = _stamps(path)
     clock.advance(timedelta(seconds=1))
@@ -1026,6 +1030,11 @@ def test_a_file_of_version_7_migrates_to_8_and_keeps_its_data(path: str, clock: 
         assert _stamps(path) == before
         assert [cp.id for cp in store.history("t", limit=10)] == list(reversed(ids))
         assert raw(path).execute("SELECT stamped_at FROM threads").fetchone() == (None,)
+        starts = raw(path).execute("SELECT id FROM checkpoints WHERE run_start = 1 ORDER BY position").fetchall()
+        assert [cp_id for (cp_id,) in starts] == [ids[0], ids[1], ids[3], ids[5]]
+        for runs, newest in (({"r1"}, ids[4]), ({"r2"}, ids[2]), ({"r1", "r2"}, ids[4]), ({"r3", "r2"}, ids[5])):
+            found = store.lookup_run("t", runs)
+            assert found is not None and found.id == newest
         thread.store = store
         clock.advance(-timedelta(seconds=5))  # no stamp recorded yet: the first commit stamps the clock's time
         ids.append(thread.step())
@@ -1033,3 +1042,73 @@ def test_a_file_of_version_7_migrates_to_8_and_keeps_its_data(path: str, clock: 
         clock.advance(timedelta(seconds=10))
         store.prune("t", RetentionPolicy(max_age=timedelta(seconds=5)))
         assert [cp.id for cp in store.history("t", limit=10)] == [ids[-1]]
+
+
+# -- the runs' index holds the start of each run's stretch (migration 8) ----------------------------------------------
+
+
+def _check_run_starts(path: str) -> None:
+    """``run_start`` is 1 exactly on the checkpoints whose predecessor in their history is of another run, or
+    that have none."""
+    rows = raw(path).execute(
+        "SELECT thread_id, position, run_id, run_start FROM checkpoints ORDER BY thread_id, position"
+    ).fetchall()
+    before: dict[str, str] = {}
+    for thread_id, position, run_id, run_start in rows:
+        expected = None if before.get(thread_id) == run_id else 1
+        assert run_start == expected, (thread_id, position, run_id, run_start)
+        before[thread_id] = run_id
+
+
+class _Protect:
+    def __init__(self, runs: frozenset[str]) -> None:
+        self.runs = runs
+
+    def protected(self, thread_ids: tuple[str, ...]) -> dict[str, frozenset[str]]:
+        return dict.fromkeys(thread_ids, self.runs)
+
+
+def test_lookup_run_through_the_stretches_of_runs_answers_as_the_reference(path: str, clock: ManualClock) -> None:
+    runs = ["r1", "r2", "r3", "r4"]
+    subsets = [frozenset(c) for n in (1, 2, 3) for c in itertools.combinations(runs, n)]
+    with InMemoryCheckpointer(clock) as reference, SqliteCheckpointer.open(path, clock=clock) as store:
+        threads = [Thread(each, clock, "t") for each in (reference, store)]  # type: ignore[arg-type]
+
+        def step(run_id: str, status: CheckpointStatus = CheckpointStatus.RUNNING) -> None:
+            for thread in threads:
+                thread.step(run_id=run_id, status=status)
+
+        def compare() -> None:
+            for subset in subsets:
+                expected, found = reference.lookup_run("t", subset), store.lookup_run("t", subset)
+                assert (found and found.id) == (expected and expected.id), subset
+            _check_run_starts(path)
+
+        for run_id in ["r1", "r1", "r2", "r2", "r1", "r3", "r3", "r1", "r2", "r4", "r4", "r4"]:
+            step(run_id)
+        compare()
+        policy = SweepPolicy(retention=RetentionPolicy(max_checkpoints=3))
+        for each in (reference, store):  # keeps r3's and r2's newest below the newest three (all r4)
+            each.sweep(policy, _Protect(frozenset({"r3", "r2"})))
+        assert [cp.id for cp in store.history("t", limit=10)] == ["t-c12", "t-c11", "t-c10", "t-c9", "t-c7"]
+        compare()
+        for run_id in ["r3", "r3", "r2", "r1"]:
+            step(run_id)
+        compare()
+        for each in (reference, store):  # the oldest kept is now a stretch's middle: it starts one
+            each.prune("t", RetentionPolicy(max_checkpoints=2))
+        compare()
+        clock.advance(timedelta(seconds=5))
+        step("r1")
+        step("r4")
+        for each in (reference, store):
+            each.prune("t", RetentionPolicy(max_age=timedelta(seconds=4)))
+        compare()
+        assert [cp.id for cp in store.history("t", limit=10)] == ["t-c18", "t-c17"]
+        step("r2", CheckpointStatus.COMPLETED)
+        step("r3")
+        step("r3")
+        for thread in threads:  # cuts back to the settled checkpoint: the new one continues its stretch
+            thread.step(run_id="r2", retract_turn=True)
+        assert [cp.id for cp in store.history("t", limit=10)] == ["t-c22", "t-c19", "t-c18", "t-c17"]
+        compare()

@@ -71,7 +71,7 @@ def prune_row(
             start = max(start, first_kept)
         if counted or aged:
             # Events before the oldest checkpoint the policy alone keeps go (protected runs keep theirs).
-            oldest_kept_mark = conn.execute(sql.OLDEST_KEPT, (thread_id, start)).fetchone()[0]
+            oldest_kept_mark, oldest_kept = conn.execute(sql.OLDEST_KEPT, (thread_id, start)).fetchone()
             if protected:
                 runs = codec.dumps(sorted(protected))
                 positions = conn.execute(sql.PROTECTED_POSITIONS, (thread_id, runs)).fetchall()
@@ -79,6 +79,8 @@ def prune_row(
                 removed = conn.execute(sql.PRUNE_BEFORE_KEEP, (thread_id, start, keep)).rowcount
             else:
                 removed = conn.execute(sql.PRUNE_BEFORE, (thread_id, start)).rowcount
+            if removed:  # what now comes first, or after a kept checkpoint, may start its run's stretch
+                conn.execute(sql.RESTART_RUNS, (thread_id, oldest_kept))
     newest_expired = None
     if threshold is not None:
         newest_expired = conn.execute(sql.NEWEST_EXPIRED_EVENT, (thread_id, threshold)).fetchone()[0]

@@ -146,10 +146,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # last stamp (``stamped_at``), so the stamps never decrease along a history or a log: what retention removes
     # by age is a prefix of each, found through the primary key from the oldest row in time proportional to what
     # it removes, and the (thread_id, committed_at) indexes, one entry each per commit, go.
+    # The runs' index holds the first checkpoint of each run's stretch of a history only (``run_start`` is 1 when
+    # the checkpoint before it, by position, is of another run or there is none): a step of the same run writes
+    # no entry. A run's newest checkpoint is the newest before the next stretch's start (checkpoints_start).
     (
         "ALTER TABLE threads ADD COLUMN stamped_at INTEGER",
         "DROP INDEX checkpoints_age",
         "DROP INDEX events_age",
+        "ALTER TABLE checkpoints ADD COLUMN run_start INTEGER",
+        "UPDATE checkpoints SET run_start = 1 WHERE (SELECT p.run_id FROM checkpoints AS p"
+        " WHERE p.thread_id = checkpoints.thread_id AND p.position < checkpoints.position"
+        " ORDER BY p.position DESC LIMIT 1) IS NOT run_id",
+        "DROP INDEX checkpoints_run",
+        "CREATE INDEX checkpoints_run ON checkpoints (thread_id, run_id, position) WHERE run_start = 1",
+        "CREATE INDEX checkpoints_start ON checkpoints (thread_id, position) WHERE run_start = 1",
     ),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
@@ -204,12 +214,14 @@ NEWEST_SETTLED = (
 )
 HAS_CHECKPOINT = "SELECT 1 FROM checkpoints WHERE thread_id = ? AND id = ?"
 CUT_HISTORY = "DELETE FROM checkpoints WHERE thread_id = ? AND position > ?"
+# The run of the newest checkpoint at or below a position (what a checkpoint inserted above it follows).
+RUN_AT = "SELECT run_id FROM checkpoints WHERE thread_id = ? AND position <= ? ORDER BY position DESC LIMIT 1"
 # The insert is also the duplicate check of commit rule 3: the (thread_id, id) unique index refuses an id the
 # history holds, and the caller reads a rowcount of 0 as "already in the history".
 INSERT_CHECKPOINT = (
     "INSERT INTO checkpoints (thread_id, position, id, run_id, settled, committed_at, seq_mark, body, metadata,"
-    " access_schema, access_tenant, access_attrs)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
+    " run_start, access_schema, access_tenant, access_attrs)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, id) DO NOTHING"
 )
 DROP_PENDING = "DELETE FROM pending WHERE thread_id = ?"
 # A new checkpoint's pending writes take the old latest's places 0, 1, ... in place (an update of the row, not a
@@ -298,16 +310,20 @@ TOMBSTONE = (
     " access_tenant = NULL, access_attrs = NULL WHERE thread_id = ?3"
 )
 EFFECT = "SELECT body FROM effects WHERE thread_id = ? AND key = ?"
-# The newest checkpoint (by position) of any of the runs in a JSON array: one index probe per run.
+# The newest checkpoint (by position) of each run of a JSON array (NULL: none): the newest start of a stretch of
+# the run (checkpoints_run), then the newest checkpoint before the next stretch's start (checkpoints_start).
+_RUN_NEWEST = (
+    "SELECT (SELECT max(e.position) FROM checkpoints AS e WHERE e.thread_id = ?1 AND e.position >= s.p"
+    " AND e.position < coalesce((SELECT min(n.position) FROM checkpoints AS n INDEXED BY checkpoints_start"
+    " WHERE n.thread_id = ?1 AND n.run_start = 1 AND n.position > s.p), 9223372036854775807)) AS q"
+    " FROM (SELECT (SELECT max(position) FROM checkpoints INDEXED BY checkpoints_run"
+    " WHERE thread_id = ?1 AND run_id = j.value AND run_start = 1) AS p FROM json_each(?2) AS j) AS s"
+)
+# The newest checkpoint (by position) of any of the runs in a JSON array: a few index probes per run.
 LOOKUP_RUN = (
-    "SELECT body FROM checkpoints WHERE thread_id = ?1 AND position = (SELECT max(p) FROM"
-    " (SELECT (SELECT max(position) FROM checkpoints WHERE thread_id = ?1 AND run_id = j.value) AS p"
-    " FROM json_each(?2) AS j))"
+    "SELECT body FROM checkpoints WHERE thread_id = ?1 AND position = (SELECT max(q) FROM (" + _RUN_NEWEST + "))"
 )
-PROTECTED_POSITIONS = (
-    "SELECT (SELECT max(position) FROM checkpoints WHERE thread_id = ?1 AND run_id = j.value)"
-    " FROM json_each(?2) AS j"
-)
+PROTECTED_POSITIONS = _RUN_NEWEST
 PRUNE_READ = (
     "SELECT claim_token, first_seq, next_seq, floor, n_checkpoints, latest_position, n_pending, metadata,"
     " deleted_at FROM threads WHERE thread_id = ?"
@@ -320,10 +336,19 @@ AGE_CUTOFF = (
     "SELECT (SELECT position FROM checkpoints WHERE thread_id = ?1 ORDER BY position LIMIT 1),"
     " (SELECT position FROM checkpoints WHERE thread_id = ?1 AND committed_at > ?2 ORDER BY position LIMIT 1)"
 )
-OLDEST_KEPT = "SELECT seq_mark FROM checkpoints WHERE thread_id = ? AND position >= ? ORDER BY position LIMIT 1"
+OLDEST_KEPT = (
+    "SELECT seq_mark, position FROM checkpoints WHERE thread_id = ? AND position >= ? ORDER BY position LIMIT 1"
+)
 PRUNE_BEFORE = "DELETE FROM checkpoints WHERE thread_id = ? AND position < ?"
 PRUNE_BEFORE_KEEP = (
     "DELETE FROM checkpoints WHERE thread_id = ? AND position < ? AND position NOT IN (SELECT value FROM json_each(?))"
+)
+# After a prune: the checkpoints at or below a position (the oldest the policy kept, and the kept ones of protected
+# runs before it) start a run's stretch when the one before them is of another run or there is none.
+RESTART_RUNS = (
+    "UPDATE checkpoints SET run_start = CASE WHEN (SELECT p.run_id FROM checkpoints AS p WHERE p.thread_id = ?1"
+    " AND p.position < checkpoints.position ORDER BY p.position DESC LIMIT 1) IS NOT run_id THEN 1 END"
+    " WHERE thread_id = ?1 AND position <= ?2"
 )
 # The newest event stamped at or before the threshold: the one before the oldest stamped after it (the scan from
 # the oldest event passes only expired events, which the prune then removes).

@@ -453,7 +453,7 @@ class SqliteCheckpointer(StoreBase):
             # this call's changes back with the rest.
             now_us = self._now_us()
             at_us = now_us if stamped_at is None else max(now_us, stamped_at)
-            inserted = self._insert_checkpoint(conn, thread_id, commit, keep + 1, at_us, next_seq)
+            inserted = self._insert_checkpoint(conn, thread_id, commit, keep + 1, at_us, next_seq, latest_run_id)
             return not inserted
 
         rules.check_commit(
@@ -483,8 +483,11 @@ class SqliteCheckpointer(StoreBase):
         if cp is not None:
             if keep < top:
                 n_checkpoints -= conn.execute(sql.CUT_HISTORY, (thread_id, keep)).rowcount
-            if not inserted:
-                self._insert_checkpoint(conn, thread_id, commit, keep + 1, at_us, next_seq)
+            if not inserted:  # after the cut: it follows the newest checkpoint the cut kept
+                before = conn.execute(sql.RUN_AT, (thread_id, keep)).fetchone() if keep else None
+                self._insert_checkpoint(
+                    conn, thread_id, commit, keep + 1, at_us, next_seq, None if before is None else before[0]
+                )
             n_checkpoints += 1
             if n_pending > len(writes):
                 conn.execute(sql.DROP_PENDING_FROM, (thread_id, len(writes)))
@@ -551,15 +554,22 @@ class SqliteCheckpointer(StoreBase):
 
     @staticmethod
     def _insert_checkpoint(
-        conn: sqlite3.Connection, thread_id: str, commit: EncodedCommit, position: int, now_us: int, seq_mark: int
+        conn: sqlite3.Connection,
+        thread_id: str,
+        commit: EncodedCommit,
+        position: int,
+        now_us: int,
+        seq_mark: int,
+        run_before: str | None,
     ) -> bool:
-        """Inserts the commit's checkpoint at ``position``; False (nothing written) when the history holds its id."""
+        """Inserts the commit's checkpoint at ``position``, after a checkpoint of the run ``run_before`` (None: the
+        history holds none below it); False (nothing written) when the history holds its id."""
         cp = commit.checkpoint
         assert cp is not None
         return conn.execute(
             sql.INSERT_CHECKPOINT,
             (thread_id, position, cp.id, cp.run_id, 1 if cp.settled else 0, now_us, seq_mark, cp.text, cp.metadata,
-             *(commit.stamp or _UNSTAMPED)),
+             None if run_before == cp.run_id else 1, *(commit.stamp or _UNSTAMPED)),
         ).rowcount == 1
 
     # -- reads -------------------------------------------------------------------------------------------------------
