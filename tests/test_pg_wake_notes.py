@@ -236,3 +236,59 @@ def test_the_events_channel_fits_a_long_schema_name() -> None:
     long = PostgresCheckpointerConfig(schema="tl_" + "y" * 60)
     assert short.events_channel == "threadloom-events.tl_x" and short.events_channel != short.channel
     assert len(long.events_channel.encode()) <= 63 and long.events_channel != long.channel
+
+
+def test_async_subscriptions_get_every_event_once_across_a_lost_notification_and_a_listener_reconnect(
+    harness: PgHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threadloom.actors.subscription as subscription_module
+
+    monkeypatch.setattr(subscription_module, "ASYNC_WAIT", timedelta(milliseconds=300))  # the re-read of a lost one
+    store_a = harness.open_pg()
+    store_b = harness.sibling()
+    writer = Writer(store_b, harness, "t")
+    writer.step("c1", events=1)
+    runtime = GraphRuntime(store_a, node_id="wake")
+    listener = store_a._listener
+    carried, dropped = listener._on_events, []
+
+    def lossy(payload: str) -> None:  # the first carried notification is lost
+        if not dropped:
+            dropped.append(payload)
+            return
+        assert carried is not None
+        carried(payload)
+
+    listener._on_events = lossy
+
+    async def host() -> None:
+        subscriptions = [runtime.subscribe("t", 0) for _ in range(20)]
+        received: list[list[EventRecord]] = [[] for _ in subscriptions]
+
+        async def consume(index: int) -> None:
+            async for event in subscriptions[index]:
+                received[index].append(event)
+
+        consumers = [asyncio.create_task(consume(index)) for index in range(len(subscriptions))]
+        await _until(lambda: all(len(got) == 1 for got in received) and listener.ready.is_set(), "the replays")
+        await asyncio.to_thread(writer.emit, 2)  # its notification is lost: the tail's wait times out and reads
+        await _until(lambda: all(len(got) == 3 for got in received), "the events of the lost notification")
+        assert dropped
+        old_pid = listener.backend_pid
+        with psycopg.connect(harness.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+        await _until(lambda: listener.backend_pid != old_pid and listener.ready.is_set(), "the listener to return")
+        for n in (1, 3, 1):
+            await asyncio.to_thread(writer.emit, n)
+        log = store_a.events_after("t", 0, 100)
+        assert len(log) == 8
+        await _until(lambda: all(len(got) == len(log) for got in received), "every event")
+        assert all(got == log for got in received)
+        for subscription in subscriptions:
+            subscription.cancel()
+        await asyncio.wait_for(asyncio.gather(*consumers), WAIT)
+
+    try:
+        asyncio.run(host())
+    finally:
+        runtime.close()
