@@ -4,7 +4,9 @@ Every ``Checkpointer`` method has an awaitable twin of the same name, arguments,
 "asyncio"). A call that does I/O runs on a bounded thread pool the async store owns, so the event loop never
 blocks on the disk or the network; :meth:`AsyncStore.await_events_after` holds no thread while it waits: it
 registers a wake with the store's watcher (memory: the commit itself; SQLite: one ``PRAGMA data_version``
-watcher per store; PostgreSQL: one ``LISTEN`` connection per store) and only its re-reads use the pool.
+watcher per store; PostgreSQL: one ``LISTEN`` connection per store) and only its re-reads use the pool. On
+PostgreSQL a commit's notification carries its events when they fit: a wait they continue returns them without a
+read.
 """
 
 from __future__ import annotations
@@ -344,6 +346,10 @@ class AsyncStore:
                     raise CancelledError(operation)
                 if self.closed:
                     raise StoreClosed(operation, "the store is closed; open a new one")
+                if wake is not None and wake.offered is not None:
+                    offered, wake.offered = wake.offered, None
+                    if offered and offered[0].seq == after_seq + 1 and offered[0].thread_id == thread_id:
+                        return list(offered[:limit])  # the events its notification carried: no read
         finally:
             if wake is not None and wakeups is not None:
                 wakeups.waiters.remove(thread_id, wake)

@@ -219,20 +219,34 @@ def encode_event(record: EventRecord) -> str:
 def decode_event(text: str, thread_id: str) -> EventRecord:
     """The event record of ``text``; undecodable → ``StoreCorrupt`` naming ``thread_id``."""
     with _decoding("event", thread_id):
-        raw = _fields(loads(text), _EVENT_KEYS)
-        return _checked(trusted(
-            EventRecord,
-            thread_id=raw["thread_id"],
-            seq=raw["seq"],
-            token=raw["token"],
-            run_id=raw["run_id"],
-            type=raw["type"],
-            timestamp=from_micros(raw["timestamp"]),
-            payload=raw["payload"],
-            checkpoint_id=raw["checkpoint_id"],
-            task_id=raw["task_id"],
-            node_id=raw["node_id"],
-        ))
+        return _event(loads(text))
+
+
+def decode_events(text: str, thread_id: str) -> list[EventRecord]:
+    """The event records of ``text``, a JSON array of event texts (a commit's notification on PostgreSQL), in its
+    order; undecodable, or not an array → ``StoreCorrupt`` naming ``thread_id``."""
+    with _decoding("event", thread_id):
+        values = loads(text)
+        if not isinstance(values, list):
+            raise ValueError("not an array of events")
+        return [_event(value) for value in values]
+
+
+def _event(value: Any) -> EventRecord:
+    raw = _fields(value, _EVENT_KEYS)
+    return _checked(trusted(
+        EventRecord,
+        thread_id=raw["thread_id"],
+        seq=raw["seq"],
+        token=raw["token"],
+        run_id=raw["run_id"],
+        type=raw["type"],
+        timestamp=from_micros(raw["timestamp"]),
+        payload=raw["payload"],
+        checkpoint_id=raw["checkpoint_id"],
+        task_id=raw["task_id"],
+        node_id=raw["node_id"],
+    ))
 
 
 def encode_effect(effect: EffectRecord) -> str:

@@ -11,15 +11,19 @@ How each store notices commits (README "asyncio"):
 * memory - the commit itself wakes the waiters of its thread;
 * SQLite - one watcher thread per store polls ``PRAGMA data_version`` on a connection of its own (it changes when
   any connection or process commits to the file, and reading it costs no disk read) and wakes every waiter;
-* PostgreSQL - one ``LISTEN`` connection per store wakes the waiters of the thread a notification names.
+* PostgreSQL - one ``LISTEN`` connection per store wakes the waiters of the thread a notification names, and
+  offers them the events it carried (a commit's notification carries them when they fit): a :class:`LoopWake`
+  whose waiter's position they continue returns them without reading them again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
+
+from threadloom.domain.values import EventRecord
 
 
 class Wake(Protocol):
@@ -61,10 +65,17 @@ class Waiters:
         """How many wakes are registered (over every thread)."""
         return self._count
 
-    def notify(self, thread_id: str) -> None:
-        """Wakes the waiters of ``thread_id`` (those of one event loop with one callback on it)."""
+    def notify(self, thread_id: str, events: Sequence[EventRecord] | None = None) -> None:
+        """Wakes the waiters of ``thread_id`` (those of one event loop with one callback on it).
+
+        ``events``: the events of the commit that woke them, in ``seq`` order (immutable records, shared by every
+        waiter): each :class:`LoopWake` is offered them (its :attr:`LoopWake.offered`) before it fires."""
         with self._lock:
             waiters = list(self._by_thread.get(thread_id, ()))
+        if events is not None:
+            for wake in waiters:
+                if isinstance(wake, LoopWake):
+                    wake.offered = events
         set_all(waiters)
 
     def wake_all(self) -> None:
@@ -105,9 +116,10 @@ class LoopWake:
     Built on the loop's thread (it takes the running loop). ``set`` after the loop closed does nothing. With
     ``stamp``, :attr:`mark` holds what ``stamp()`` returned when the wake last fired (on the loop's thread, just
     before the event is set): an async store uses it to tell the reads issued after the wake from those before.
+    :attr:`offered` holds the events the last notification carried (see :meth:`Waiters.notify`), or None.
     """
 
-    __slots__ = ("_loop", "_owner", "_stamp", "event", "mark")
+    __slots__ = ("_loop", "_owner", "_stamp", "event", "mark", "offered")
 
     def __init__(self, stamp: Callable[[], int] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -115,6 +127,7 @@ class LoopWake:
         self._stamp = stamp
         self.event = asyncio.Event()
         self.mark = 0
+        self.offered: Sequence[EventRecord] | None = None
 
     def on_running_loop(self) -> bool:
         """True when called on the thread and loop this wake was built for."""

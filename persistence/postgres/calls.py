@@ -157,13 +157,15 @@ class Database:
         self._values = {
             "s": sql.Identifier(config.schema),
             "channel": sql.Literal(config.channel),
+            "events_channel": sql.Literal(config.events_channel),
             "queue_lock": sql.Literal(QUEUE_LOCK_CLASS),
         }
         self._sql = sql
         self._binary: dict[str, str] = {}
 
     def render(self, template: str) -> str:
-        """``template`` with ``{s}``, ``{channel}`` and ``{queue_lock}`` filled in (literal braces doubled)."""
+        """``template`` with ``{s}``, ``{channel}``, ``{events_channel}`` and ``{queue_lock}`` filled in (literal
+        braces doubled)."""
         return self._sql.SQL(template).format(**self._values).as_string(None)
 
     def cursor(self, conn: Any) -> Any:

@@ -140,6 +140,15 @@ class PostgresCheckpointerConfig:
         return "threadloom." + hashlib.sha256(self.schema.encode()).hexdigest()[:40]
 
     @property
+    def events_channel(self) -> str:
+        """The channel a commit whose events fit a notification sends them on (a JSON array of the stored event
+        texts, in ``seq`` order): ``threadloom-events.<schema>`` (hashed when too long)."""
+        name = f"threadloom-events.{self.schema}"
+        if len(name.encode()) <= 63:
+            return name
+        return "threadloom-events." + hashlib.sha256(self.schema.encode()).hexdigest()[:40]
+
+    @property
     def call_timeout_ms(self) -> int:
         """``call_timeout`` in whole milliseconds (at least 1), as the server's limits take it."""
         return max(1, math.ceil(self.call_timeout.total_seconds() * 1000))

@@ -1,10 +1,12 @@
 """``LISTEN``/``NOTIFY`` wake-ups for ``await_events_after``: one listening connection per store.
 
-Commits that number events and deletes ``pg_notify`` the schema's channel with the thread id at COMMIT. The
-store's :class:`Listener` owns one dedicated connection (never a pooled one) on a thread of its own and wakes
-the :class:`Waiters` of the named thread. A notification is only a hint: the waiter always re-reads, so a lost
-one costs at most the wait's timeout; whenever the listener (re-)establishes its connection it wakes every
-waiter, since notifications sent while it was down are lost.
+A commit whose events fit a notification sends them on the schema's events channel at COMMIT (a JSON array of
+their stored texts, in ``seq`` order); a bigger commit, and a delete, ``pg_notify`` the schema's channel with the
+thread id. The store's :class:`Listener` owns one dedicated connection (never a pooled one) on a thread of its
+own, listens on both, and wakes the :class:`Waiters` of the named thread, handing them the events a notification
+carried. A notification is only a hint: a waiter whose position the carried events do not continue re-reads, and
+so does any waiter told only the thread id; a lost one costs at most the wait's timeout; whenever the listener
+(re-)establishes its connection it wakes every waiter, since notifications sent while it was down are lost.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ def listen_connection(pool: Any, connect_timeout: timedelta) -> Any:
 class Listener:
     """Owns the store's dedicated ``LISTEN`` connection on a daemon thread of its own, started on first use.
 
-    ``on_notify(thread_id)`` and ``on_ready()`` run on the listener's thread: the first for each notification,
-    the second whenever the connection is (re-)established or lost (waiters then re-read or fall back to
-    polling). ``ready`` is set while the connection listens; ``backend_pid`` names its server process.
+    ``on_notify(thread_id)`` and ``on_ready()`` run on the listener's thread: the first for each notification
+    on ``channel``, the second whenever the connection is (re-)established or lost (waiters then re-read or fall
+    back to polling). With ``events_channel``, ``on_events(payload)`` runs for each notification on that channel.
+    ``ready`` is set while the connection listens; ``backend_pid`` names its server process.
     """
 
     def __init__(
@@ -66,9 +69,14 @@ class Listener:
         on_notify: Callable[[str], None],
         on_ready: Callable[[], None],
         name: str,
+        *,
+        events_channel: str | None = None,
+        on_events: Callable[[str], None] | None = None,
     ) -> None:
         self._connect = connect
         self._channel = channel
+        self._events_channel = events_channel
+        self._on_events = on_events
         self._on_notify = on_notify
         self._on_ready = on_ready
         self._name = name
@@ -110,14 +118,20 @@ class Listener:
                     if self._stopped.is_set():
                         break
                     self._conn = conn
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                events_channel, on_events = self._events_channel, self._on_events
+                channels = [self._channel] if events_channel is None else [self._channel, events_channel]
+                # One request for every channel: the connection listens on all of them once it is answered.
+                conn.execute(sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels))
                 self.backend_pid = conn.info.backend_pid
                 self.ready.set()
                 backoff = 0.05
                 self._on_ready()
                 while not self._stopped.is_set():
                     for notify in conn.notifies(timeout=LISTENER_POLL.total_seconds()):
-                        self._on_notify(notify.payload)
+                        if on_events is not None and notify.channel == events_channel:
+                            on_events(notify.payload)
+                        else:
+                            self._on_notify(notify.payload)
             except Exception as error:  # the connection died or could not be made: re-establish it
                 self.ready.clear()
                 if not self._stopped.is_set():

@@ -101,6 +101,7 @@ from threadloom.persistence.postgres.config import (
 )
 from threadloom.persistence.postgres.errors import connect_error, map_error
 from threadloom.persistence.postgres.listener import Listener, Waiters, listen_connection
+from threadloom.persistence.postgres.listener import log as listener_log
 from threadloom.persistence.postgres.queue import PostgresRunQueue
 from threadloom.persistence.postgres.registry import Registry
 from threadloom.persistence.postgres.schema import migrate
@@ -185,6 +186,8 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
             self._waiters.notify,
             self._waiters.wake_all,
             db.config.schema,
+            events_channel=db.config.events_channel,
+            on_events=self._carried,
         )
         self.queue = PostgresRunQueue(self, db)
 
@@ -652,10 +655,28 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         self._ensure_open("check")
         return check_store(self._db)
 
+    def _carried(self, payload: str) -> None:
+        """On the listener's thread: a commit's notification that carried its events (a JSON array of their
+        texts). Decoded once (only while someone waits), they are offered to the waiters of their thread; a payload
+        that does not decode to one thread's consecutive events wakes every waiter instead (each re-reads)."""
+        if not self._waiters.count():
+            return
+        try:
+            events = codec.decode_events(payload, "(notification)")
+            first = events[0]
+            if any(e.thread_id != first.thread_id or e.seq != first.seq + i for i, e in enumerate(events)):
+                raise ValueError("not one thread's consecutive events")
+        except (StoreCorrupt, ValueError, IndexError) as error:
+            listener_log.warning("store.notification_undecodable", op="await_events_after", error=type(error).__name__)
+            self._waiters.wake_all()
+            return
+        self._waiters.notify(first.thread_id, tuple(events))
+
     def wakeups(self) -> Wakeups:
         """The store's waiters and its ``LISTEN`` connection, for waiting without a thread per waiter (README
         "asyncio"): a wake for a thread is set when a notification names it, every wake when the listening
-        connection is (re-)established or lost."""
+        connection is (re-)established or lost. A commit's notification that carried its events offers them to
+        the wakes it sets (``LoopWake.offered``)."""
         return Wakeups(self._waiters, start=self._listener.start, listening=self._listener.ready.is_set)
 
     def _close(self) -> None:

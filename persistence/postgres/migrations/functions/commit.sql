@@ -1,8 +1,8 @@
--- commit (version 11: a new checkpoint numbers its pending writes from 1 again; version 10: the checkpoint's
--- metadata in a column of its own; version 9: a commit without a checkpoint re-stamps a thread an older schema
--- stamped, in its own transaction; version 7: access stamps; version 5 a retract_turn commit's parent against the
--- newest settled checkpoint instead of the latest; versions 1 to 3 had a form that numbered spliced event texts and
--- answered a code).
+-- commit (version 12: a commit's notification carries its events when they fit; version 11: a new checkpoint
+-- numbers its pending writes from 1 again; version 10: the checkpoint's metadata in a column of its own; version 9:
+-- a commit without a checkpoint re-stamps a thread an older schema stamped, in its own transaction; version 7:
+-- access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint instead of the
+-- latest; versions 1 to 3 had a form that numbered spliced event texts and answered a code).
 --
 -- Writes one encoded commit in one statement: locks the thread's row (and the fence's, both in id order, so two
 -- fenced writes never deadlock), reads what the commit checks need, and applies the commit when every check
@@ -32,6 +32,9 @@
 -- client's encoder gives for number n (persistence/encoded.py EncodedEvent.text), so nothing is parsed here
 -- or re-read by the client.
 --
+-- Notification (at COMMIT): a commit with events sends them, as a JSON array of their stored texts in seq order,
+-- on {events_channel} when that payload is under 8000 bytes (pg_notify's limit), else the thread id on {channel}.
+--
 -- Pending writes are numbered (idx) per checkpoint, from 1: a new checkpoint deletes the old one's and numbers its
 -- own from 1 again, so its insert meets the deleted keys' index entries in the primary key's uniqueness check, which
 -- marks them dead. Numbered on across checkpoints (before version 11), every deleted pending write left an index
@@ -55,6 +58,7 @@ DECLARE
     v_events integer := coalesce(cardinality(p_ev_bodies), 0);
     v_pws integer := coalesce(cardinality(p_pw_bodies), 0);
     v_pw bigint;
+    v_note text;
 BEGIN
     IF p_fence IS NOT NULL THEN
         PERFORM 1 FROM {s}.threads WHERE thread_id IN (p_thread, p_fence) ORDER BY thread_id FOR UPDATE;
@@ -154,8 +158,15 @@ BEGIN
         UPDATE {s}.threads SET next_seq = next_seq + v_events, next_pw = next_pw + v_pws, stamped_at = v_stamp
             WHERE thread_id = p_thread;
     END IF;
-    IF v_events > 0 THEN
-        PERFORM pg_notify({channel}, p_thread);
+    IF v_events > 0 THEN  -- the events themselves when they fit a notification, else the thread id: read them
+        v_note := '[' || array_to_string(ARRAY(
+            SELECT '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e
+            FROM unnest(p_ev_bodies) WITH ORDINALITY AS u(e, o) ORDER BY u.o), ',') || ']';
+        IF octet_length(v_note) < 8000 THEN
+            PERFORM pg_notify({events_channel}, v_note);
+        ELSE
+            PERFORM pg_notify({channel}, p_thread);
+        END IF;
     END IF;
     first_seq := r.next_seq;
 END
