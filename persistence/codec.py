@@ -4,7 +4,9 @@ Every value is encoded as compact JSON text and decoded on read, so nothing retu
 nothing executable is ever stored or loaded. Times are integer microseconds since the Unix epoch (UTC).
 A stored row that does not decode raises :class:`StoreCorrupt` naming the thread. Reads decode the store's own
 text without validating it again (:func:`~threadloom.domain.values.trusted_builder`), through a C JSON reader
-(msgspec) that yields exactly the values ``json.loads`` would.
+(msgspec) that yields exactly the values ``json.loads`` would. A checkpoint read keeps its state as the text it is
+stored as and decodes it when ``state`` is first read (:class:`~threadloom.domain.values.LazyJson`): a read that
+never looks at a state never pays for building it, and writing the checkpoint again takes the text as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from threadloom.domain.values import (
     CheckpointStatus,
     EffectRecord,
     EventRecord,
+    LazyJson,
     PendingWrite,
+    lazy_checkpoint,
     trusted,
     trusted_builder,
 )
@@ -99,8 +103,9 @@ _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=v.MAX_ID_LENGTH)]
 
 class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # short-lived: in no cycle
     """A stored checkpoint's fields as the fast reader takes them: exactly these keys (none has a default), of
-    these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1. It takes a subset of what
-    :func:`_decode_checkpoint_strictly` does, and reads it to the same values."""
+    these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1, and a state of well-formed JSON text
+    (checked, not built: kept as its text). It takes a subset of what :func:`_decode_checkpoint_strictly` does,
+    and reads it to the same values."""
 
     id: _Id
     parent: _Id | None
@@ -108,7 +113,7 @@ class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # s
     run_id: _Id
     status: CheckpointStatus
     created_at: int
-    state: Any
+    state: msgspec.Raw
     graph_id: _Id
     tenant_id: _Id | None
     fencing_token: Annotated[int, msgspec.Meta(ge=1, le=v.MAX_INT)] | None
@@ -119,9 +124,27 @@ class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # s
 _READ_CHECKPOINT = msgspec.json.Decoder(_CheckpointRow).decode
 
 
+def _decode_state(text: str, checkpoint: Checkpoint) -> Any:
+    """The state of a checkpoint read lazily, from its stored ``text``, when ``state`` is first read; text that
+    does not decode (it was checked well-formed when read: nesting or numbers past what JSON readers take) is a
+    ``StoreCorrupt`` naming the checkpoint's thread."""
+    try:
+        return loads(text)
+    except _DAMAGE as error:
+        raise _corrupt("checkpoint state", checkpoint.thread_id, error) from error
+
+
+_LAZY_STATE = LazyJson(_decode_state)
+
+
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
     """The checkpoint of ``text`` (the store's own, not validated again but for its ids, times, token and
-    metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``."""
+    metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``.
+
+    Its ``state`` is checked to be well-formed JSON text and kept as that text, decoded when first read
+    (:class:`~threadloom.domain.values.LazyJson`), once; writing the checkpoint again writes the text as it is.
+    A row the fast reader does not take is read by the strict one, state and all.
+    """
     try:
         row = _READ_CHECKPOINT(text)
     except (ValueError, RecursionError):  # not as the fast reader takes it: the strict path decides
@@ -133,8 +156,9 @@ def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
         origin = row.origin
         if origin is not None:
             origin = _checked(CheckpointOrigin(**origin))
-        return _NEW_CHECKPOINT(
-            row.id, parent, row.thread_id, row.run_id, row.status, from_micros(row.created_at), row.state,
+        return lazy_checkpoint(
+            str(row.state, "utf-8"),
+            row.id, parent, row.thread_id, row.run_id, row.status, from_micros(row.created_at), _LAZY_STATE,
             row.graph_id, tenant_id, row.fencing_token, origin,
             v.check_str_map("metadata", metadata) if (metadata := row.metadata) else metadata,
         )

@@ -157,8 +157,17 @@ def test_loads_refuses_what_json_loads_refuses(text: str) -> None:
 
 
 @given(tls.checkpoints())
-def test_a_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> None:
+def test_a_decoded_checkpoint_is_sealed_with_its_state_text(cp: Checkpoint) -> None:
     back = codec.decode_checkpoint(codec.encode_checkpoint(cp), cp.thread_id)
+    assert back._json == cp.sealed_json()  # the stored text of the state, kept as it is
+    assert back.sealed_json() == cp.sealed_json()  # written back as it is, not decoded nor encoded again
+    fields = {name: getattr(back, name) for name in attrs.fields_dict(Checkpoint) if not name.startswith("_")}
+    assert back == trusted(Checkpoint, **fields) == cp
+
+
+@given(tls.checkpoints())
+def test_a_strictly_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> None:
+    back = codec._decode_checkpoint_strictly(codec.encode_checkpoint(cp), cp.thread_id)
     fields = {name: getattr(back, name) for name in attrs.fields_dict(Checkpoint) if not name.startswith("_")}
     assert back == trusted(Checkpoint, **fields) == cp
     assert (back._json, back._seal) == (None, ())
