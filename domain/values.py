@@ -123,13 +123,20 @@ class _Sealed:
             ValidationError: a replaced field is not valid.
         """
         text = self._json
-        if text is None or not intact(self._seal, self._GETTER(self)):
+        if text is None or not intact(self._seal, self._GETTER(self)) or not self._checked(text):
             attrs.validate(self)  # type: ignore[arg-type]  # every _Sealed is an attrs class
             origin = getattr(self, "origin", None)
             if origin is not None:
                 attrs.validate(origin)
             text, _copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
         return text
+
+    def _checked(self, text: str) -> bool:
+        """Whether ``text``, the sealed text of an intact value, is written as it is: always, but for a lazily read
+        JSON field not decoded yet, whose text is checked well-formed first (else it is decoded, validated and
+        encoded again)."""
+        raw = getattr(self, self._RAW)
+        return type(raw) is not LazyJson or raw.check(text)
 
 
 
@@ -153,18 +160,23 @@ def _seal(cls: type) -> type:
 
 class LazyJson:
     """What the JSON field of a value read from a store holds until it is first read: the field decodes the
-    value's ``_json`` text then, with ``decode(text, value)`` (the store's reader, which raises the store's error
-    for text that does not decode), keeps what it decoded, and returns it from then on.
+    value's ``_json`` text then, keeps what it decoded, and returns it from then on.
+
+    ``decode(text, value)`` (the store's reader) returns the decoded value and whether ``text`` is its own text,
+    strict JSON the value stays sealed with (else a commit validates and encodes the value again); it raises the
+    store's error for text that does not decode. ``check(text)`` says whether text not decoded yet is strict JSON
+    that a commit may write as it is (else the commit decodes it, validates and encodes it again).
 
     One shared instance per reader (it holds no text: the value does). Only :func:`lazy_checkpoint` puts one in a
     value. Two threads reading the field first at once may both decode; both get the one value kept (a lock
     guards the swap), so the field never changes once read.
     """
 
-    __slots__ = ("decode",)
+    __slots__ = ("check", "decode")
 
-    def __init__(self, decode: Callable[[str, Any], Any]) -> None:
+    def __init__(self, decode: Callable[[str, Any], tuple[Any, bool]], check: Callable[[str], bool]) -> None:
         self.decode = decode
+        self.check = check
 
     def __repr__(self) -> str:
         return "LazyJson()"
@@ -200,14 +212,14 @@ class _LazyField:
         self._delete(instance)
 
     def _load(self, instance: Any, lazy: LazyJson) -> Any:
-        decoded = lazy.decode(self._text(instance), instance)
+        decoded, own_text = lazy.decode(self._text(instance), instance)
         with _SWAP:
             current = self._get(instance)
             if type(current) is not LazyJson:  # another thread's decode won: everyone gets the one value
                 return current
             self._set(instance, decoded)
             seal, index = self._seal_get(instance), self._index
-            if len(seal) > index and seal[index] is current:  # sealed with the text it was decoded from: still so
+            if own_text and len(seal) > index and seal[index] is current:  # sealed with its text: still so
                 self._seal_set(instance, (*seal[:index], decoded, *seal[index + 1 :]))
         return decoded
 

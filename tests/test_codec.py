@@ -225,6 +225,17 @@ DAMAGED = [
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, status="paused"), id="checkpoint-unknown-status"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at="2026-01-01"), id="checkpoint-text-time"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id="x" * 300), id="checkpoint-overlong-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at=10**18), id="checkpoint-time-past-9999"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at=2**70), id="checkpoint-time-past-int64"),
+    pytest.param(
+        codec.decode_checkpoint,
+        _with(_GOOD_CHECKPOINT, origin={"parent_thread": "p\x00", "parent_checkpoint": None, "task_id": None}),
+        id="checkpoint-nul-origin",
+    ),
+    pytest.param(
+        codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k\x00": "v"}), id="checkpoint-nul-meta-key"
+    ),
+    pytest.param(codec.decode_event, _with(_GOOD_EVENT, timestamp=10**18), id="event-time-past-9999"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent": "p"}), id="checkpoint-bad-origin"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": 1}), id="checkpoint-bad-metadata"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=0), id="checkpoint-bad-token"),

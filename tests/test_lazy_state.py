@@ -12,10 +12,12 @@ from datetime import UTC, datetime, timedelta
 import attrs
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from threadloom.domain.errors import StoreCorrupt
 from threadloom.domain.values import (
     Checkpoint,
+    CheckpointOrigin,
     CheckpointStatus,
     ClaimRequest,
     Commit,
@@ -37,13 +39,13 @@ def _undecoded(cp: Checkpoint) -> bool:
 def _counting(decode_delay_s: float = 0.0) -> tuple[LazyJson, list[str]]:
     calls: list[str] = []
 
-    def decode(text: str, _value: object) -> object:
+    def decode(text: str, _value: object) -> tuple[object, bool]:
         calls.append(text)
         if decode_delay_s:
             time.sleep(decode_delay_s)  # widen the window in which first readers overlap
-        return json.loads(text)
+        return json.loads(text), True
 
-    return LazyJson(decode), calls
+    return LazyJson(decode, codec._is_json), calls
 
 
 def _lazy(state_text: str, lazy: LazyJson, **changes: object) -> Checkpoint:
@@ -273,3 +275,86 @@ def test_every_store_reads_checkpoints_lazily(each_store) -> None:
         assert _undecoded(cp)
     assert [cp.state for cp in history] == [{"i": 2}, {"i": 1}, {"i": 0}]
     assert latest.checkpoint.state == {"i": 2} and one.state == {"i": 1}
+
+
+# -- the fast reader's split of the stored text ---------------------------------------------------------------------
+
+_TRICKY = st.text(st.sampled_from(list(',"state:{}[]\\ \u2028é')), min_size=1, max_size=24)
+"""Text made of what the split of a stored checkpoint looks for (``,"state":``) and what escapes it."""
+
+
+@st.composite
+def _tricky_checkpoints(draw: st.DrawFn) -> Checkpoint:
+    leaf = st.one_of(_TRICKY, st.integers(), st.none(), st.just("state"))
+    keys = st.one_of(_TRICKY, st.just("state"))
+    state = draw(st.recursive(leaf, lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)), max_leaves=8))
+    metadata = draw(st.dictionaries(keys, _TRICKY, max_size=3))
+    origin = draw(st.none() | st.builds(CheckpointOrigin, parent_thread=_TRICKY, task_id=st.none() | _TRICKY))
+    return Checkpoint(
+        id=draw(_TRICKY), parent=draw(st.none() | _TRICKY), thread_id=draw(_TRICKY), run_id=draw(_TRICKY),
+        status=CheckpointStatus.RUNNING, created_at=NOW, state=state, graph_id=draw(_TRICKY),
+        tenant_id=draw(st.none() | _TRICKY), origin=origin, metadata=metadata,
+    )  # fmt: skip
+
+
+@given(_tricky_checkpoints(), st.sampled_from(["as stored", "reordered", "state first", "spaced"]))
+def test_every_reader_reads_every_layout_alike(cp: Checkpoint, layout: str) -> None:
+    text = codec.encode_checkpoint(cp)
+    if layout != "as stored":
+        fields = json.loads(text)
+        if layout == "reordered":
+            fields = dict(reversed(fields.items()))
+        elif layout == "state first":
+            fields = {"state": fields.pop("state"), **fields}
+        text = json.dumps(fields, ensure_ascii=False, separators=(",", ":") if layout != "spaced" else None)
+    fast = codec.decode_checkpoint(text, cp.thread_id)
+    strict = codec._decode_checkpoint_strictly(text, cp.thread_id)
+    assert _undecoded(fast)
+    assert json.loads(fast._json) == cp.state  # the state's own text, whatever the layout
+    if layout == "as stored":
+        assert fast._json == cp.sealed_json()
+    assert fast == strict == cp
+    assert json.dumps(fast.state) == json.dumps(strict.state)
+
+
+@pytest.mark.parametrize(
+    ("state_text", "value"),
+    [
+        pytest.param("NaN", None, id="nan"),
+        pytest.param("1e400", float("inf"), id="overflowing-float"),
+        pytest.param('"\\ud800"', "\ud800", id="lone-surrogate"),
+    ],
+)
+def test_a_damaged_state_reads_as_json_loads_reads_it_and_is_validated_when_written(state_text, value) -> None:
+    cp = Checkpoint(id="c1", parent=None, thread_id="t", run_id="r", status=CheckpointStatus.RUNNING, created_at=NOW)
+    text = codec.encode_checkpoint(cp)[: -len('"state":{}}')] + f'"state":{state_text}}}'
+    read = codec.decode_checkpoint(text, "t")
+    assert _undecoded(read)  # not looked at when read
+    if value is None:
+        assert read.state != read.state  # NaN, as json.loads reads it
+    else:
+        assert read.state == value
+    with pytest.raises(ValueError):  # ValidationError: encoded again, refused
+        read.sealed_json()
+    untouched = codec.decode_checkpoint(text, "t")
+    if state_text != "1e400":  # strict JSON refuses the text: decoded, validated again, refused
+        with pytest.raises(ValueError):
+            untouched.sealed_json()
+
+
+@pytest.mark.parametrize(
+    "state_text",
+    ["{", '{"a":tru}', '{"a":1},"id":"x"', '"\\q"'],
+)
+def test_a_state_that_is_not_json_is_a_store_error_when_read_or_written(state_text: str) -> None:
+    cp = Checkpoint(id="c1", parent=None, thread_id="t-9", run_id="r", status=CheckpointStatus.RUNNING, created_at=NOW)
+    text = codec.encode_checkpoint(cp)[: -len('"state":{}}')] + f'"state":{state_text}}}'
+    try:
+        read = codec.decode_checkpoint(text, "t-9")
+    except StoreCorrupt:
+        return  # the row's other fields did not decode either: refused when read
+    for attempt in (lambda: read.state, read.sealed_json):
+        with pytest.raises(StoreCorrupt) as info:
+            attempt()
+        assert "'t-9'" in info.value.message
