@@ -148,8 +148,8 @@ _STATE_KEY = ',"state":'
 def _decode_state(text: str, checkpoint: Checkpoint) -> tuple[Any, bool]:
     """The state of a checkpoint read lazily, decoded from its stored ``text`` when ``state`` is first read, and
     whether ``text`` is the state's own text: True when the C reader took it (strict JSON); else the value
-    ``json.loads`` reads (a number past 64 bits; a damaged row's NaN or lone surrogate), which a commit of the
-    checkpoint then validates and encodes again. Text no reader takes is a ``StoreCorrupt`` naming the
+    ``json.loads`` reads (a damaged row's NaN, overflowing float or lone surrogate), which a commit of the
+    checkpoint then validates and encodes again (and refuses). Text no reader takes is a ``StoreCorrupt`` naming the
     checkpoint's thread."""
     try:
         return _FAST_LOADS(text), True
