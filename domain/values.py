@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -52,7 +53,7 @@ def trusted_builder(cls: type[_T]) -> Callable[..., _T]:
     """
     names = [field.name for field in attrs.fields(cls) if not field.name.startswith("_")]  # type: ignore[arg-type]
     tail: tuple[Any, ...] = (None, ()) if issubclass(cls, _Sealed) else ()
-    setters = tuple(vars(cls)[name].__set__ for name in (*names, *(("_json", "_seal") if tail else ())))
+    setters = tuple(_slot(cls, name).__set__ for name in (*names, *(("_json", "_seal") if tail else ())))
     new = object.__new__
 
     def build(*values: Any) -> _T:
@@ -62,6 +63,11 @@ def trusted_builder(cls: type[_T]) -> Callable[..., _T]:
         return value
 
     return build
+
+
+def _slot(cls: type, name: str) -> Any:
+    """The slot descriptor of field ``name`` of ``cls``: the field's own, beneath a lazily decoded field's."""
+    return vars(cls).get(f"_{name}_slot") or vars(cls)[name]
 
 
 def intact(seal: tuple[Any, ...], fields: tuple[Any, ...]) -> bool:
@@ -80,7 +86,10 @@ class _Sealed:
     as they are. A *seal*
     keeps every field's object (:func:`intact`): a value whose fields were replaced behind the constructor's back
     (``object.__setattr__``) no longer matches it and is validated and encoded again by :meth:`sealed_json`.
-    Values a store decodes from its own text are built with :func:`trusted` and carry no text.
+    Values a store decodes from its own text are built with :func:`trusted` and carry no text, but for a
+    checkpoint read through :func:`lazy_checkpoint`: it keeps its state's stored text, decodes the state from it
+    when ``state`` is first read (:class:`LazyJson`) and is sealed with it, so writing it again takes the text as
+    it is.
     """
 
     __slots__ = ()
@@ -89,9 +98,11 @@ class _Sealed:
     _JSON_FIELD: ClassVar[str]
     _JSON_NAME: ClassVar[str]
     _GETTER: ClassVar[Any]
+    _RAW: ClassVar[str]
+    """The attribute reading the JSON field's slot as it is (a lazily decoded field's :class:`LazyJson` undecoded)."""
 
     def __attrs_post_init__(self) -> None:
-        value = getattr(self, self._JSON_FIELD)
+        value = getattr(self, self._RAW)  # a LazyJson passed in is no JSON value: encode_json refuses it
         if value is None:
             object.__setattr__(self, "_json", "null")
         elif type(value) is v.EncodedJson:  # validated and encoded already (a node's step): taken as it is
@@ -112,7 +123,7 @@ class _Sealed:
             ValidationError: a replaced field is not valid.
         """
         text = self._json
-        if text is None or not intact(self._seal, self._GETTER(self)):
+        if text is None or not intact(self._seal, self._GETTER(self)) or not self._checked(text):
             attrs.validate(self)  # type: ignore[arg-type]  # every _Sealed is an attrs class
             origin = getattr(self, "origin", None)
             if origin is not None:
@@ -120,13 +131,97 @@ class _Sealed:
             text, _copy = v.encode_json(self._JSON_NAME, getattr(self, self._JSON_FIELD))
         return text
 
+    def _checked(self, text: str) -> bool:
+        """Whether ``text``, the sealed text of an intact value, is written as it is: always, but for a lazily read
+        JSON field not decoded yet, whose text is checked well-formed first (else it is decoded, validated and
+        encoded again)."""
+        raw = getattr(self, self._RAW)
+        return type(raw) is not LazyJson or raw.check(text)
+
 
 
 def _seal(cls: type) -> type:
-    """Finishes a :class:`_Sealed` attrs class: the getter of its public fields, in order."""
+    """Finishes a :class:`_Sealed` attrs class: the getter of its public fields, in order, as their slots hold them
+    (a lazily decoded JSON field undecoded), and a lazily decoded field's descriptor (``_LAZY``, see
+    :class:`LazyJson`)."""
     names = [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]
-    cls._GETTER = operator.attrgetter(*names)  # type: ignore[attr-defined]
+    json_field: str = vars(cls)["_JSON_FIELD"]
+    raw = json_field
+    if cls.__dict__.get("_LAZY", False):
+        slot = vars(cls)[json_field]
+        raw = f"_{json_field}_slot"
+        setattr(cls, raw, slot)  # the slot under a second name: read as it is, for the seal
+        setattr(cls, json_field, _LazyField(slot, vars(cls)["_json"], vars(cls)["_seal"], names.index(json_field)))
+    sealed: Any = cls
+    sealed._RAW = raw
+    sealed._GETTER = operator.attrgetter(*(raw if name == json_field else name for name in names))
     return cls
+
+
+class LazyJson:
+    """What the JSON field of a value read from a store holds until it is first read: the field decodes the
+    value's ``_json`` text then, keeps what it decoded, and returns it from then on.
+
+    ``decode(text, value)`` (the store's reader) returns the decoded value and whether ``text`` is its own text,
+    strict JSON the value stays sealed with (else a commit validates and encodes the value again); it raises the
+    store's error for text that does not decode. ``check(text)`` says whether text not decoded yet is strict JSON
+    that a commit may write as it is (else the commit decodes it, validates and encodes it again).
+
+    One shared instance per reader (it holds no text: the value does). Only :func:`lazy_checkpoint` puts one in a
+    value. Two threads reading the field first at once may both decode; both get the one value kept (a lock
+    guards the swap), so the field never changes once read.
+    """
+
+    __slots__ = ("check", "decode")
+
+    def __init__(self, decode: Callable[[str, Any], tuple[Any, bool]], check: Callable[[str], bool]) -> None:
+        self.decode = decode
+        self.check = check
+
+    def __repr__(self) -> str:
+        return "LazyJson()"
+
+
+_SWAP = threading.Lock()
+"""Guards the swap of a :class:`LazyJson` for its decoded value (held for that swap only, never while decoding)."""
+
+
+class _LazyField:
+    """The data descriptor in front of a lazily decoded JSON field's slot (see :class:`LazyJson`)."""
+
+    __slots__ = ("_get", "_set", "_delete", "_text", "_seal_get", "_seal_set", "_index")
+
+    def __init__(self, slot: Any, text: Any, seal: Any, index: int) -> None:
+        self._get, self._set, self._delete = slot.__get__, slot.__set__, slot.__delete__
+        self._text = text.__get__
+        self._seal_get, self._seal_set = seal.__get__, seal.__set__
+        self._index = index
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        value = self._get(instance)
+        if type(value) is LazyJson:
+            return self._load(instance, value)
+        return value
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        self._set(instance, value)
+
+    def __delete__(self, instance: Any) -> None:
+        self._delete(instance)
+
+    def _load(self, instance: Any, lazy: LazyJson) -> Any:
+        decoded, own_text = lazy.decode(self._text(instance), instance)
+        with _SWAP:
+            current = self._get(instance)
+            if type(current) is not LazyJson:  # another thread's decode won: everyone gets the one value
+                return current
+            self._set(instance, decoded)
+            seal, index = self._seal_get(instance), self._index
+            if own_text and len(seal) > index and seal[index] is current:  # sealed with its text: still so
+                self._seal_set(instance, (*seal[:index], decoded, *seal[index + 1 :]))
+        return decoded
 
 
 def _aware(field: str):
@@ -249,6 +344,63 @@ class Checkpoint(_Sealed):
     _seal: tuple[Any, ...] = attrs.field(init=False, default=(), eq=False, repr=False, hash=False)
     _JSON_FIELD: ClassVar[str] = "state"
     _JSON_NAME: ClassVar[str] = "checkpoint.state"
+    _LAZY: ClassVar[bool] = True
+
+
+_CHECKPOINT_FIELDS = (
+    "id", "parent", "thread_id", "run_id", "status", "created_at", "state", "graph_id", "tenant_id", "fencing_token",
+    "origin", "metadata",
+)  # fmt: skip
+
+
+def _lazy_checkpoint_builder() -> Callable[..., Checkpoint]:
+    if tuple(a.name for a in attrs.fields(Checkpoint) if not a.name.startswith("_")) != _CHECKPOINT_FIELDS:
+        raise TypeError("Checkpoint's fields changed: update lazy_checkpoint")  # pragma: no cover
+    (put_id, put_parent, put_thread, put_run, put_status, put_created, put_state, put_graph, put_tenant, put_token,
+     put_origin, put_metadata, put_json, put_seal) = (
+        _slot(Checkpoint, name).__set__ for name in (*_CHECKPOINT_FIELDS, "_json", "_seal")
+    )  # fmt: skip
+    new = object.__new__
+
+    def lazy_checkpoint(
+        text: str, id: str, parent: str | None, thread_id: str, run_id: str, status: CheckpointStatus,
+        created_at: datetime, state: LazyJson, graph_id: str, tenant_id: str | None, fencing_token: int | None,
+        origin: CheckpointOrigin | None, metadata: dict[str, str],
+    ) -> Checkpoint:  # fmt: skip
+        value = new(Checkpoint)
+        put_id(value, id)
+        put_parent(value, parent)
+        put_thread(value, thread_id)
+        put_run(value, run_id)
+        put_status(value, status)
+        put_created(value, created_at)
+        put_state(value, state)
+        put_graph(value, graph_id)
+        put_tenant(value, tenant_id)
+        put_token(value, fencing_token)
+        put_origin(value, origin)
+        put_metadata(value, metadata)
+        put_json(value, text)
+        # Sealed with the fields as they are, the state its LazyJson: what _GETTER reads back until it is decoded.
+        put_seal(
+            value,
+            (id, parent, thread_id, run_id, status, created_at, state, graph_id, tenant_id, fencing_token, origin,
+             metadata),
+        )  # fmt: skip
+        return value
+
+    return lazy_checkpoint
+
+
+lazy_checkpoint = _lazy_checkpoint_builder()
+"""``lazy_checkpoint(text, id, parent, thread_id, run_id, status, created_at, state, graph_id, tenant_id,
+fencing_token, origin, metadata)``: a :class:`Checkpoint` read from a store, whose ``state`` (given as a
+:class:`LazyJson`) is decoded from ``text``, its stored JSON text, when first read.
+
+For stores only, as :func:`trusted` is: nothing is validated, every field must be valid and ``text`` JSON text the
+store wrote. The value is sealed with ``text``, so writing it again takes the text as it is
+(:meth:`_Sealed.sealed_json`), without decoding it.
+"""
 
 
 @_seal
@@ -402,7 +554,7 @@ _FIELDS: dict[type, frozenset[str]] = {
 }
 
 _SETTERS: dict[type, dict[str, Callable[[Any, Any], None]]] = {
-    cls: {a.name: vars(cls)[a.name].__set__ for a in attrs.fields(cls)} for cls in (Checkpoint, EventDraft, Commit)
+    cls: {a.name: _slot(cls, a.name).__set__ for a in attrs.fields(cls)} for cls in (Checkpoint, EventDraft, Commit)
 }
 """Each field's slot setter (what ``object.__setattr__`` ends up calling, without its lookup), by class."""
 

@@ -172,6 +172,13 @@ def _decoded(found: Collector, thread_id: str, decode: Callable[[str, str], Any]
         return None
 
 
+def _decode_checkpoint(body: str, thread_id: str) -> Checkpoint:
+    """The checkpoint of ``body``, its state decoded too (a read decodes it only when it is first read)."""
+    cp = codec.decode_checkpoint(body, thread_id)
+    _ = cp.state
+    return cp
+
+
 def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
     """Checks one thread's rows against the invariants of the module; problems go to ``found``."""
     tid = rows.thread_id
@@ -206,7 +213,7 @@ def audit_thread(rows: ThreadRows, last_token: int, found: Collector) -> None:
     for position, checkpoint_id, body in rows.checkpoints:
         count += 1
         newest = (position, checkpoint_id)
-        newest_cp = cp = _decoded(found, tid, codec.decode_checkpoint, body)
+        newest_cp = cp = _decoded(found, tid, _decode_checkpoint, body)
         if cp is None:
             continue
         if cp.id != checkpoint_id or cp.thread_id != tid:

@@ -4,7 +4,9 @@ Every value is encoded as compact JSON text and decoded on read, so nothing retu
 nothing executable is ever stored or loaded. Times are integer microseconds since the Unix epoch (UTC).
 A stored row that does not decode raises :class:`StoreCorrupt` naming the thread. Reads decode the store's own
 text without validating it again (:func:`~threadloom.domain.values.trusted_builder`), through a C JSON reader
-(msgspec) that yields exactly the values ``json.loads`` would.
+(msgspec) that yields exactly the values ``json.loads`` would. A checkpoint read keeps its state as the text it is
+stored as and decodes it when ``state`` is first read (:class:`~threadloom.domain.values.LazyJson`): a read that
+never looks at a state never pays for building it, and writing the checkpoint again takes the text as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from threadloom.domain.values import (
     CheckpointStatus,
     EffectRecord,
     EventRecord,
+    LazyJson,
     PendingWrite,
+    lazy_checkpoint,
     trusted,
     trusted_builder,
 )
@@ -97,10 +101,21 @@ _NEW_CHECKPOINT = trusted_builder(Checkpoint)
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=v.MAX_ID_LENGTH)]
 
 
-class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # short-lived: in no cycle
-    """A stored checkpoint's fields as the fast reader takes them: exactly these keys (none has a default), of
-    these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1. It takes a subset of what
-    :func:`_decode_checkpoint_strictly` does, and reads it to the same values."""
+class _Origin(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A stored checkpoint's origin as the fast readers take it: exactly these keys, ids of 1 to 255 characters."""
+
+    parent_thread: _Id
+    parent_checkpoint: _Id | None
+    task_id: _Id | None
+
+
+_NEW_ORIGIN = trusted_builder(CheckpointOrigin)
+
+
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # short-lived: in no cycle
+    """A stored checkpoint's fields but its state, as the fast readers take them: exactly these keys (none has a
+    default), of these types, ids of 1 to 255 characters, a token from 1 to 2**63 - 1. They take a subset of what
+    :func:`_decode_checkpoint_strictly` does, and read it to the same values."""
 
     id: _Id
     parent: _Id | None
@@ -108,38 +123,115 @@ class _CheckpointRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):  # s
     run_id: _Id
     status: CheckpointStatus
     created_at: int
-    state: Any
     graph_id: _Id
     tenant_id: _Id | None
     fencing_token: Annotated[int, msgspec.Meta(ge=1, le=v.MAX_INT)] | None
-    origin: dict[str, Any] | None
+    origin: _Origin | None
     metadata: dict[str, str]
 
 
+class _CheckpointRow(_Envelope, forbid_unknown_fields=True, gc=False):
+    """A stored checkpoint's fields in any order, its state checked to be well-formed JSON text and kept as that
+    text (not built)."""
+
+    state: msgspec.Raw
+
+
+_READ_ENVELOPE = msgspec.json.Decoder(_Envelope).decode
 _READ_CHECKPOINT = msgspec.json.Decoder(_CheckpointRow).decode
+_CHECK_JSON = msgspec.json.Decoder(msgspec.Raw).decode
+_STATE_KEY = ',"state":'
+"""How the state's key follows the other fields in the text the store writes (the state last: see
+:func:`~threadloom.persistence.encoded.encode_checkpoint`)."""
+
+
+def _decode_state(text: str, checkpoint: Checkpoint) -> tuple[Any, bool]:
+    """The state of a checkpoint read lazily, decoded from its stored ``text`` when ``state`` is first read, and
+    whether ``text`` is the state's own text: True when the C reader took it (strict JSON); else the value
+    ``json.loads`` reads (a damaged row's NaN, overflowing float or lone surrogate), which a commit of the
+    checkpoint then validates and encodes again (and refuses). Text no reader takes is a ``StoreCorrupt`` naming the
+    checkpoint's thread."""
+    try:
+        return _FAST_LOADS(text), True
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return json.loads(text), False
+    except _DAMAGE as error:
+        raise _corrupt("checkpoint state", checkpoint.thread_id, error) from error
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` is one well-formed JSON value (strict: no NaN, no lone surrogate), checked by the C reader
+    without building it."""
+    try:
+        _CHECK_JSON(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+_LAZY_STATE = LazyJson(_decode_state, _is_json)
+
+
+def _fast_row(text: str) -> tuple[_Envelope, str] | None:
+    """The fields of a stored checkpoint and its state's text, read by the C reader; None when it does not take
+    the row (the strict reader decides).
+
+    The store writes the state last: the text up to the first ``,"state":`` (a key: the quote of a JSON string
+    never follows a comma unescaped but to open one) closed with ``}`` is the other fields, and the rest but the
+    closing brace the state, read as it is (checked when it is decoded or written again). Any other layout
+    (an older version's, white space) is read whole, its state checked well-formed.
+    """
+    cut = text.find(_STATE_KEY)
+    if cut > 0 and text[-1] == "}":
+        try:
+            return _READ_ENVELOPE(text[:cut] + "}"), text[cut + len(_STATE_KEY) : -1]
+        except (ValueError, RecursionError):  # a "state" key of a nested object, or the state not last
+            pass
+    try:
+        row = _READ_CHECKPOINT(text)
+    except (ValueError, RecursionError):
+        return None
+    return row, str(row.state, "utf-8")
 
 
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
     """The checkpoint of ``text`` (the store's own, not validated again but for its ids, times, token and
-    metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``."""
-    try:
-        row = _READ_CHECKPOINT(text)
-    except (ValueError, RecursionError):  # not as the fast reader takes it: the strict path decides
+    metadata, which a damaged row may hold); an undecodable row is a ``StoreCorrupt`` naming ``thread_id``.
+
+    Its ``state`` is kept as its text and decoded when first read (:class:`~threadloom.domain.values.LazyJson`),
+    once; a state that does not decode is a ``StoreCorrupt`` then. Writing the checkpoint again writes the text
+    as it is once it is checked to be well-formed JSON. A row the fast reader does not take is read by the strict
+    one, state and all.
+    """
+    fast = _fast_row(text)
+    if fast is None:  # not as the fast reader takes it: the strict path decides
         return _decode_checkpoint_strictly(text, thread_id)
-    parent, tenant_id = row.parent, row.tenant_id
+    row, state = fast
+    # The C reader took strings of the right lengths and types, without lone surrogates (it refuses their escapes):
+    # what is left of an id's or metadata's checks is NUL, which a damaged row may hold (the strict path names it).
+    parent, tenant_id, stored_origin, metadata = row.parent, row.tenant_id, row.origin, row.metadata
     if "\x00" in "".join((row.id, parent or "", row.thread_id, row.run_id, row.graph_id, tenant_id or "")):
-        return _decode_checkpoint_strictly(text, thread_id)  # a NUL in an id: refused there, naming the field
+        return _decode_checkpoint_strictly(text, thread_id)
+    origin = None
+    if stored_origin is not None:
+        parent_thread, parent_checkpoint, task_id = (
+            stored_origin.parent_thread, stored_origin.parent_checkpoint, stored_origin.task_id
+        )  # fmt: skip
+        if "\x00" in "".join((parent_thread, parent_checkpoint or "", task_id or "")):
+            return _decode_checkpoint_strictly(text, thread_id)
+        origin = _NEW_ORIGIN(parent_thread, parent_checkpoint, task_id)
+    if metadata and ("\x00" in "".join(metadata) or "\x00" in "".join(metadata.values())):
+        return _decode_checkpoint_strictly(text, thread_id)
     try:
-        origin = row.origin
-        if origin is not None:
-            origin = _checked(CheckpointOrigin(**origin))
-        return _NEW_CHECKPOINT(
-            row.id, parent, row.thread_id, row.run_id, row.status, from_micros(row.created_at), row.state,
-            row.graph_id, tenant_id, row.fencing_token, origin,
-            v.check_str_map("metadata", metadata) if (metadata := row.metadata) else metadata,
-        )
-    except _DAMAGE as error:
+        created_at = from_micros(row.created_at)
+    except _DAMAGE as error:  # out of datetime's range
         raise _corrupt("checkpoint", thread_id, error) from error
+    return lazy_checkpoint(
+        state, row.id, parent, row.thread_id, row.run_id, row.status, created_at, _LAZY_STATE, row.graph_id,
+        tenant_id, row.fencing_token, origin, metadata,
+    )
 
 
 def _decode_checkpoint_strictly(text: str, thread_id: str) -> Checkpoint:
@@ -174,8 +266,36 @@ def _decode_checkpoint_strictly(text: str, thread_id: str) -> Checkpoint:
         raise _corrupt("checkpoint", thread_id, error) from error
 
 
+class _WriteRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A stored pending write as the fast reader takes it: exactly these keys, ids of 1 to 255 characters."""
+
+    checkpoint_id: _Id
+    task_id: _Id
+    node_id: _Id
+    payload: Any
+
+
+_READ_WRITE = msgspec.json.Decoder(_WriteRow).decode
+_NEW_WRITE = trusted_builder(PendingWrite)
+
+
 def decode_pending_write(text: str, thread_id: str) -> PendingWrite:
-    """The pending write of ``text``; undecodable → ``StoreCorrupt`` naming ``thread_id``."""
+    """The pending write of ``text`` (the store's own, not validated again but for NUL in its ids); undecodable →
+    ``StoreCorrupt`` naming ``thread_id``. A row the C reader does not take is read by ``json.loads`` and checked
+    in Python, which decides."""
+    try:
+        row = _READ_WRITE(text)
+    except (ValueError, RecursionError):
+        pass
+    else:
+        if "\x00" not in "".join((row.checkpoint_id, row.task_id, row.node_id)):
+            return _NEW_WRITE(row.checkpoint_id, row.task_id, row.node_id, row.payload)
+    return _decode_pending_write_strictly(text, thread_id)
+
+
+def _decode_pending_write_strictly(text: str, thread_id: str) -> PendingWrite:
+    """:func:`decode_pending_write` through :func:`loads` and checks in Python: it decides what the fast reader
+    refuses."""
     with _decoding("pending write", thread_id):
         raw = _fields(loads(text), _WRITE_KEYS)
         return _checked(trusted(
@@ -319,7 +439,7 @@ def decode_metadata(text: str | None, thread_id: str) -> dict[str, str]:
         return raw
 
 
-_DAMAGE = (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError)
+_DAMAGE = (ValueError, TypeError, KeyError, ValidationError, AttributeError, RecursionError, OverflowError)
 """What decoding a damaged row raises (any other error is not about the row and passes unchanged)."""
 
 

@@ -47,6 +47,18 @@ def test_pending_writes_round_trip(pw: PendingWrite) -> None:
     assert codec.decode_pending_write(codec.encode_pending_write(pw), "t") == pw
 
 
+@given(tls.pending_writes(), st.booleans())
+def test_the_fast_and_the_strict_pending_write_readers_agree(pw: PendingWrite, reorder: bool) -> None:
+    text = codec.encode_pending_write(pw)
+    if reorder:  # another key order, white space: still the same row
+        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
+    fast = codec.decode_pending_write(text, "t")
+    strict = codec._decode_pending_write_strictly(text, "t")
+    raw = json.loads(text)
+    assert fast == strict == pw == PendingWrite(**raw)
+    assert json.dumps(fast.payload) == json.dumps(raw["payload"])  # the same types (ints stay ints)
+
+
 @given(tls.event_drafts(), tls.ids(max_size=40), st.integers(1, 2**62), st.integers(1, 2**62))
 def test_event_records_round_trip(draft: EventDraft, thread_id: str, seq: int, token: int) -> None:
     record = EventRecord.of(draft, thread_id=thread_id, seq=seq, token=token)
@@ -157,8 +169,17 @@ def test_loads_refuses_what_json_loads_refuses(text: str) -> None:
 
 
 @given(tls.checkpoints())
-def test_a_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> None:
+def test_a_decoded_checkpoint_is_sealed_with_its_state_text(cp: Checkpoint) -> None:
     back = codec.decode_checkpoint(codec.encode_checkpoint(cp), cp.thread_id)
+    assert back._json == cp.sealed_json()  # the stored text of the state, kept as it is
+    assert back.sealed_json() == cp.sealed_json()  # written back as it is, not decoded nor encoded again
+    fields = {name: getattr(back, name) for name in attrs.fields_dict(Checkpoint) if not name.startswith("_")}
+    assert back == trusted(Checkpoint, **fields) == cp
+
+
+@given(tls.checkpoints())
+def test_a_strictly_decoded_checkpoint_is_built_as_trusted_builds_it(cp: Checkpoint) -> None:
+    back = codec._decode_checkpoint_strictly(codec.encode_checkpoint(cp), cp.thread_id)
     fields = {name: getattr(back, name) for name in attrs.fields_dict(Checkpoint) if not name.startswith("_")}
     assert back == trusted(Checkpoint, **fields) == cp
     assert (back._json, back._seal) == (None, ())
@@ -216,6 +237,17 @@ DAMAGED = [
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, status="paused"), id="checkpoint-unknown-status"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at="2026-01-01"), id="checkpoint-text-time"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, id="x" * 300), id="checkpoint-overlong-id"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at=10**18), id="checkpoint-time-past-9999"),
+    pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, created_at=2**70), id="checkpoint-time-past-int64"),
+    pytest.param(
+        codec.decode_checkpoint,
+        _with(_GOOD_CHECKPOINT, origin={"parent_thread": "p\x00", "parent_checkpoint": None, "task_id": None}),
+        id="checkpoint-nul-origin",
+    ),
+    pytest.param(
+        codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k\x00": "v"}), id="checkpoint-nul-meta-key"
+    ),
+    pytest.param(codec.decode_event, _with(_GOOD_EVENT, timestamp=10**18), id="event-time-past-9999"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, origin={"parent": "p"}), id="checkpoint-bad-origin"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, metadata={"k": 1}), id="checkpoint-bad-metadata"),
     pytest.param(codec.decode_checkpoint, _with(_GOOD_CHECKPOINT, fencing_token=0), id="checkpoint-bad-token"),
@@ -230,6 +262,9 @@ DAMAGED = [
     pytest.param(codec.decode_effect, '"a string"', id="effect-string"),
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id=None), id="write-null-task"),
     pytest.param(codec.decode_pending_write, "[1, 2]", id="write-array"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, node_id="n\x00"), id="write-nul-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id="x" * 300), id="write-overlong-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, payload=_DROP), id="write-missing-payload"),
     pytest.param(codec.decode_metadata, "[1]", id="metadata-array"),
     pytest.param(codec.decode_metadata, '{"k": 2}', id="metadata-number"),
     pytest.param(codec.decode_metadata, "{", id="metadata-not-json"),
