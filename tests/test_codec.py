@@ -176,6 +176,19 @@ def test_the_fast_and_the_strict_checkpoint_readers_agree(cp: Checkpoint, reorde
     assert json.dumps(fast.state) == json.dumps(strict.state)  # the same types (ints stay ints)
 
 
+@given(tls.pending_writes(), st.booleans())
+def test_the_fast_and_the_strict_pending_write_readers_agree(pw: PendingWrite, reorder: bool) -> None:
+    text = codec.encode_pending_write(pw)
+    if reorder:  # another key order, white space: still the same row
+        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
+    fast = codec.decode_pending_write(text, "t")
+    strict = codec._decode_pending_write_strictly(text, "t")
+    assert fast == strict == pw
+    assert json.dumps(fast.payload) == json.dumps(strict.payload)  # the same types (ints stay ints)
+    assert (fast._json, fast._seal) == (None, ())  # built as trusted builds it: encoded again when written back
+    assert fast.sealed_json() == pw.sealed_json()
+
+
 # -- damaged rows ------------------------------------------------------------------------------------------------------
 
 _GOOD_CHECKPOINT = json.loads(
@@ -230,6 +243,13 @@ DAMAGED = [
     pytest.param(codec.decode_effect, '"a string"', id="effect-string"),
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id=None), id="write-null-task"),
     pytest.param(codec.decode_pending_write, "[1, 2]", id="write-array"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, node_id="n\x00"), id="write-nul-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id="t\ud800"), id="write-surrogate-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, checkpoint_id="c" * 256), id="write-overlong-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, node_id=""), id="write-empty-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, payload=_DROP), id="write-missing-payload"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, surprise=1), id="write-unknown-field"),
+    pytest.param(codec.decode_pending_write, '{"checkpoint_id": "c"', id="write-torn"),
     pytest.param(codec.decode_metadata, "[1]", id="metadata-array"),
     pytest.param(codec.decode_metadata, '{"k": 2}', id="metadata-number"),
     pytest.param(codec.decode_metadata, "{", id="metadata-not-json"),
