@@ -42,6 +42,8 @@ METADATA_PREFIX = "langgraph.meta."
 """The prefix of the checkpoint metadata keys that hold LangGraph's filterable metadata, one per top-level key."""
 
 MAX_FILTER_KEYS = rules.MAX_FILTER_KEYS
+
+_quote = json.encoder.encode_basestring  # the C encoder json.dumps(value, ensure_ascii=False) uses for a str
 """Most keys of a ``list`` filter (the store's bound)."""
 
 
@@ -79,10 +81,18 @@ def filterable(metadata: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in metadata.items() if isinstance(metadata, dict) else ():
         kind = type(value)
-        if (kind is int or kind is bool or value is None) and type(key) is str and key.isascii() \
-                and key.isprintable():
-            out[METADATA_PREFIX + key] = json.dumps(value)  # a scalar: its JSON text is its canonical text
-            continue
+        if type(key) is str and key.isascii() and key.isprintable():
+            # the common values, without the walk: their JSON text is their canonical text (a str that is not
+            # printable, which may hold a lone surrogate, takes the walk)
+            if kind is int or kind is bool or value is None:
+                out[METADATA_PREFIX + key] = json.dumps(value)
+                continue
+            if kind is str and value.isprintable():
+                out[METADATA_PREFIX + key] = _quote(value)
+                continue
+            if kind is dict and not value:
+                out[METADATA_PREFIX + key] = "{}"
+                continue
         if isinstance(key, str) and _text(key) and _plain(value):
             out[METADATA_PREFIX + key] = filter_text(value)
     return out

@@ -9,6 +9,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -141,6 +142,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self.store = store
         self.tenant_id = tenant_id
         self._owns_store = False
+        # tells one put_writes call's writes from another's (fold_writes keeps a task's first call whole): unique
+        # across savers by the random prefix, within the saver by the count (no uuid per call)
+        self._batch_prefix = f"{uuid.uuid4().hex[:16]}-"
+        self._batches = itertools.count()
         self._holds = Holds(store, ttl=ttl, renew_every=renew, idle_release=idle_release, tenant_id=tenant_id)
         # the async methods' pool: the AsyncStore given, or one around the store (closing it leaves the store open)
         self._aio = given if given is not None else AsyncStore(store, max_workers=workers, own_store=False)
@@ -353,7 +358,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
         checkpoint_id = v.check_id("checkpoint_id", conf.get("checkpoint_id"))
-        batch = uuid.uuid4().hex
+        batch = f"{self._batch_prefix}{next(self._batches):x}"
         encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
         if not encoded:
             return

@@ -119,3 +119,20 @@ def test_async_section_reports_runs_threads_and_the_pool(tmp_path, monkeypatch):
     assert 6 <= rows[1].value <= 10 and 14 <= rows[1].baseline <= 18
     assert rows[3].met is True  # no thread per subscription
     assert list(tmp_path.iterdir()) == []  # the benchmark removes its files
+
+
+def test_langgraph_graph_rows_show_both_figures_of_the_median_round(monkeypatch):
+    bench = _bench_module("bench_langgraph")
+    order: list[str] = []
+    # per round (ours, theirs): ratios 2.0, 0.5, 1.0, 4.0, 0.8 -> the median round is the third
+    figures = {"ours": iter([200.0, 50.0, 300.0, 400.0, 80.0]), "theirs": iter([100.0, 100.0, 300.0, 100.0, 100.0])}
+
+    def supersteps(saver, seconds):
+        assert seconds == 0.25
+        order.append(saver)
+        return next(figures[saver])
+
+    monkeypatch.setattr(bench, "_supersteps", supersteps)
+    assert bench._rates("ours", "theirs", 0.25, 5) == (300.0, 300.0)
+    # both savers each round, the first alternating
+    assert order == ["ours", "theirs", "theirs", "ours", "ours", "theirs", "theirs", "ours", "ours", "theirs"]

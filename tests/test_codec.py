@@ -47,18 +47,6 @@ def test_pending_writes_round_trip(pw: PendingWrite) -> None:
     assert codec.decode_pending_write(codec.encode_pending_write(pw), "t") == pw
 
 
-@given(tls.pending_writes(), st.booleans())
-def test_the_fast_and_the_strict_pending_write_readers_agree(pw: PendingWrite, reorder: bool) -> None:
-    text = codec.encode_pending_write(pw)
-    if reorder:  # another key order, white space: still the same row
-        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
-    fast = codec.decode_pending_write(text, "t")
-    strict = codec._decode_pending_write_strictly(text, "t")
-    raw = json.loads(text)
-    assert fast == strict == pw == PendingWrite(**raw)
-    assert json.dumps(fast.payload) == json.dumps(raw["payload"])  # the same types (ints stay ints)
-
-
 @given(tls.event_drafts(), tls.ids(max_size=40), st.integers(1, 2**62), st.integers(1, 2**62))
 def test_event_records_round_trip(draft: EventDraft, thread_id: str, seq: int, token: int) -> None:
     record = EventRecord.of(draft, thread_id=thread_id, seq=seq, token=token)
@@ -197,6 +185,20 @@ def test_the_fast_and_the_strict_checkpoint_readers_agree(cp: Checkpoint, reorde
     assert json.dumps(fast.state) == json.dumps(strict.state)  # the same types (ints stay ints)
 
 
+@given(tls.pending_writes(), st.booleans())
+def test_the_fast_and_the_strict_pending_write_readers_agree(pw: PendingWrite, reorder: bool) -> None:
+    text = codec.encode_pending_write(pw)
+    if reorder:  # another key order, white space: still the same row
+        text = json.dumps(dict(reversed(json.loads(text).items())), indent=1, ensure_ascii=False)
+    fast = codec.decode_pending_write(text, "t")
+    strict = codec._decode_pending_write_strictly(text, "t")
+    raw = json.loads(text)
+    assert fast == strict == pw == PendingWrite(**raw)
+    assert json.dumps(fast.payload) == json.dumps(strict.payload) == json.dumps(raw["payload"])  # ints stay ints
+    assert (fast._json, fast._seal) == (None, ())  # built as trusted builds it: encoded again when written back
+    assert fast.sealed_json() == pw.sealed_json()
+
+
 # -- damaged rows ------------------------------------------------------------------------------------------------------
 
 _GOOD_CHECKPOINT = json.loads(
@@ -263,6 +265,12 @@ DAMAGED = [
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id=None), id="write-null-task"),
     pytest.param(codec.decode_pending_write, "[1, 2]", id="write-array"),
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, node_id="n\x00"), id="write-nul-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id="t\ud800"), id="write-surrogate-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, checkpoint_id="c" * 256), id="write-overlong-checkpoint-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, node_id=""), id="write-empty-id"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, payload=_DROP), id="write-missing-payload"),
+    pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, surprise=1), id="write-unknown-field"),
+    pytest.param(codec.decode_pending_write, '{"checkpoint_id": "c"', id="write-torn"),
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, task_id="x" * 300), id="write-overlong-id"),
     pytest.param(codec.decode_pending_write, _with(_GOOD_WRITE, payload=_DROP), id="write-missing-payload"),
     pytest.param(codec.decode_metadata, "[1]", id="metadata-array"),

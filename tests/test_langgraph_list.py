@@ -337,3 +337,18 @@ def test_a_copied_thread_is_filtered_like_its_source(store) -> None:
             source = [(ns, cp) for _t, ns, cp in _listed(saver, {"configurable": {"thread_id": "src"}}, filter=wanted)]
             copied = [(ns, cp) for _t, ns, cp in _listed(saver, {"configurable": {"thread_id": "dst"}}, filter=wanted)]
             assert copied == source, wanted
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["loop", "", "é ü 中文", "tab\there", "nul\x00inside", "line\nbreak", "lone \ud800 surrogate", 0, -7, 2**70,
+     True, False, None, {}, {"b": 1, "a": [1.0, "x"]}, [], 1.0, 2.5],
+)
+def test_filterable_takes_the_canonical_text_of_each_value_whatever_path_it_takes(value: Any) -> None:
+    from threadloom.langgraph import _mapping as m
+
+    metadata = {"key": value, "k\u00e9y": value}  # an ASCII printable key (the short paths) and another
+    plain = m._plain(value)
+    expected = {} if not plain else {m.METADATA_PREFIX + "key": m.filter_text(value),
+                                     m.METADATA_PREFIX + "k\u00e9y": m.filter_text(value)}
+    assert m.filterable(metadata) == expected
