@@ -75,9 +75,13 @@ class RunCommits:
             self._retry_timer.cancel()
             self._retry_timer = None
 
-    def _commit(self, commit: Commit, graph_node: str | None) -> None:
-        """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it."""
-        started = self.env.clock.now()
+    def _commit(self, commit: Commit, graph_node: str | None, started: datetime | None = None) -> None:
+        """Commits ``commit`` (fenced by the run's token); raises what the store raised, after logging it.
+
+        ``started``: when the commit began, for the logged duration (None: now, by the runtime's clock).
+        """
+        if started is None:
+            started = self.env.clock.now()
 
         def log_refused(error: ThreadloomError) -> None:
             self._log.warning(
@@ -124,6 +128,7 @@ class RunCommits:
         applied: Callable[..., None],
         refused: Callable[..., None] | None = None,
         args: tuple[Any, ...] = (),
+        now: datetime | None = None,
     ) -> None:
         """Commits a step's ``commit`` and then calls ``applied(*args)``; ends the run if the store refuses or fails.
 
@@ -135,15 +140,19 @@ class RunCommits:
         to 2 s, through a ``_RetryDue`` message, so renewals go on meanwhile) for as long as the claim's ``ttl``
         since the first failure; then the run ends with it. A cancel or a lost claim during a pause ends the run
         at once, without the step (a recovery runs its node again).
+
+        ``now``: the runtime clock's reading the caller just took (None: read it here).
         """
-        self._pending = _PendingCommit(commit, graph_node, applied, self.env.clock.now(), refused, args)
+        since = self.env.clock.now() if now is None else now
+        self._pending = _PendingCommit(commit, graph_node, applied, since, refused, args)
         self._try_pending()
 
     def _try_pending(self) -> None:
         pending = self._pending
         assert pending is not None
         try:
-            self._commit(pending.commit, pending.graph_node)
+            # The first try began when the pending commit was made; a repeat begins now.
+            self._commit(pending.commit, pending.graph_node, pending.since if pending.failures == 0 else None)
         except StaleClaim as error:
             self._pending = None
             self._finish_error(error, release=False)

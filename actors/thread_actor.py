@@ -61,8 +61,12 @@ from threadloom.domain.values import (
     Commit,
     EffectRecord,
     EventDraft,
-    prevalidated,
+    prevalidated_builder,
 )
+
+_build_checkpoint = prevalidated_builder(Checkpoint)
+_build_event = prevalidated_builder(EventDraft)
+_build_commit = prevalidated_builder(Commit)
 
 # -- messages ---------------------------------------------------------------------------------------------------
 
@@ -222,22 +226,21 @@ class ThreadRun(RunCommits):
         if self._checked_once and not extra and type(state) is v.EncodedJson:
             # What is the same in every checkpoint of the run passed the constructor once; the state, the node and
             # the next node passed the step's (or the graph's): only the new id and the clock's reading are checked.
-            spec, text_copy = self.spec, state.take()
-            return prevalidated(
-                Checkpoint,
-                text_copy[0],
-                id=v.check_id("checkpoint.id", self.env.ids.checkpoint_id(spec.run_id, step)),
-                parent=self.base.id if self.base is not None else None,
-                thread_id=spec.thread_id,
-                run_id=spec.run_id,
-                status=status,
-                created_at=v.check_aware("checkpoint.created_at", self.env.clock.now() if now is None else now),
-                state=text_copy[1],
-                graph_id=spec.graph.graph_id,
-                tenant_id=spec.tenant_id,
-                fencing_token=None,
-                origin=self.origin,
-                metadata=metadata,
+            spec, (text, copy) = self.spec, state.take()
+            return _build_checkpoint(
+                text,
+                v.check_id("checkpoint.id", self.env.ids.checkpoint_id(spec.run_id, step)),
+                self.base.id if self.base is not None else None,
+                spec.thread_id,
+                spec.run_id,
+                status,
+                v.check_aware("checkpoint.created_at", self.env.clock.now() if now is None else now),
+                copy,
+                spec.graph.graph_id,
+                spec.tenant_id,
+                None,  # fencing_token: the store stamps the commit's
+                self.origin,
+                metadata,
             )
         cp = Checkpoint(
             id=self.env.ids.checkpoint_id(self.spec.run_id, step),
@@ -498,7 +501,7 @@ class ThreadRun(RunCommits):
             return
         # A step the store refuses as invalid (a record over max_json_size) would be refused on every retry
         # and by every recovery, which would run the node again: the run fails instead, without the step.
-        self._commit_then(commit, node, self._step_applied, self._step_refused, (cp, result, text))
+        self._commit_then(commit, node, self._step_applied, self._step_refused, (cp, result, text), cp.created_at)
 
     def _step_refused(self, refusal: ValidationError, cp: Checkpoint, step: Step, text: str) -> None:
         """The store refused a step's commit as invalid: the run fails at the step's node, without the step."""
@@ -513,7 +516,7 @@ class ThreadRun(RunCommits):
         The step's state and event payloads were validated and encoded when the node built the step; they are
         not again. Once the run's first checkpoint passed the public constructor (its ids, tenant, origin and
         turn, the same in every checkpoint of the run), each later step checks only what is new in it - the
-        checkpoint's id, the clock's reading, the task id - and builds the rest as it is (``prevalidated``).
+        checkpoint's id, the clock's reading, the task id - and builds the rest as it is (``prevalidated_builder``).
         """
         status = step.status
         state, payloads = step.encoded()
@@ -525,10 +528,7 @@ class ThreadRun(RunCommits):
                 v.check_id("event.task_id", task_id)
             for (kind, _payload), payload in zip(step.events, payloads, strict=True):
                 text, copy = payload.take()
-                events.append(prevalidated(
-                    EventDraft, text, run_id=spec.run_id, type=kind, timestamp=now, payload=copy,
-                    checkpoint_id=cp.id, task_id=task_id, node_id=node,
-                ))
+                events.append(_build_event(text, spec.run_id, kind, now, copy, cp.id, task_id, node))
         else:
             events += [
                 EventDraft(run_id=spec.run_id, type=kind, timestamp=now, payload=payload, checkpoint_id=cp.id,
@@ -541,10 +541,8 @@ class ThreadRun(RunCommits):
             events.append(self._event(g.EVENT_RUN_SUSPENDED, {"next": step.next}, cp.id, node))
         assert self.token is not None
         if self._checked_once:
-            commit = prevalidated(
-                Commit, token=self.token, checkpoint=cp, pending_writes=(), events=tuple(events),
-                effects=tuple(effects), retract_turn=False, fence=None, metadata=None,
-            )
+            # token, checkpoint, pending_writes, events, effects, retract_turn, fence, metadata
+            commit = _build_commit(self.token, cp, (), tuple(events), tuple(effects), False, None, None)
         else:
             commit = Commit(token=self.token, checkpoint=cp, events=events, effects=effects)
         return cp, commit, state.text

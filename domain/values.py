@@ -548,43 +548,47 @@ def _public_getter(cls: type) -> Any:
 
 _COMMIT_GETTER = _public_getter(Commit)
 
-_FIELDS: dict[type, frozenset[str]] = {
-    cls: frozenset(a.name for a in attrs.fields(cls) if not a.name.startswith("_"))
-    for cls in (Checkpoint, EventDraft, Commit)
-}
+def prevalidated_builder(cls: type[_T]) -> Callable[..., _T]:
+    """A function building a :class:`Checkpoint`, :class:`EventDraft` or :class:`Commit` from fields its caller
+    validated already: for the runtime's own records of each step, whose parts were each validated once, where
+    they entered (the node's ``Step``, the graph, the run's first checkpoint, the ids and the clock the runtime
+    checks itself).
 
-_SETTERS: dict[type, dict[str, Callable[[Any, Any], None]]] = {
-    cls: {a.name: _slot(cls, a.name).__set__ for a in attrs.fields(cls)} for cls in (Checkpoint, EventDraft, Commit)
-}
-"""Each field's slot setter (what ``object.__setattr__`` ends up calling, without its lookup), by class."""
+    The function takes the public fields positionally, in their declaration order - after ``text`` for a
+    checkpoint or an event draft: the JSON text of its JSON field, whose value must be a private copy that
+    ``text`` encodes (an :class:`~threadloom.domain.validation.EncodedJson`'s); the store writes it as it is.
+    Nothing is checked but the number of fields. The value is sealed as its constructor seals it (the seal is the
+    fields themselves), so a field replaced later is validated again when it is stored.
 
-
-def prevalidated(cls: type[_T], text: str | None = None, **fields: Any) -> _T:
-    """A :class:`Checkpoint`, :class:`EventDraft` or :class:`Commit` from fields its caller validated already: for
-    the runtime's own records of each step, whose parts were each validated once, where they entered (the node's
-    ``Step``, the graph, the run's first checkpoint, the ids and the clock the runtime checks itself).
-
-    Nothing is checked but that every public field is given. ``text`` is the JSON text of a checkpoint's or an
-    event draft's JSON field, whose value must be a private copy that ``text`` encodes (an
-    :class:`~threadloom.domain.validation.EncodedJson`'s); the store writes it as it is. The value is sealed as
-    its constructor seals it, so a field replaced later is validated again when it is stored.
-
-    Raises:
-        TypeError: a public field is missing or unknown (a bug of the caller).
+    Raises (the function built):
+        ValueError: not exactly one value per public field (a bug of the caller).
     """
-    if fields.keys() != _FIELDS[cls]:
-        names = _FIELDS[cls]
-        raise TypeError(f"{cls.__name__} needs exactly the fields {sorted(names)}, got {sorted(fields)}")
-    setters = _SETTERS[cls]
-    value = object.__new__(cls)
-    for name, item in fields.items():
-        setters[name](value, item)
-    if cls is Commit:
-        setters["_seal"](value, _COMMIT_GETTER(value))
-    else:
-        setters["_json"](value, text)
-        setters["_seal"](value, cls._GETTER(value))  # type: ignore[attr-defined]
-    return value
+    names = [a.name for a in attrs.fields(cls) if not a.name.startswith("_")]  # type: ignore[arg-type]
+    setters = tuple(_slot(cls, name).__set__ for name in names)
+    put_seal = _slot(cls, "_seal").__set__
+    new = object.__new__
+
+    if not issubclass(cls, _Sealed):
+
+        def build_plain(*values: Any) -> _T:
+            value = new(cls)
+            for put, item in zip(setters, values, strict=True):
+                put(value, item)
+            put_seal(value, values)  # what the constructor's seal holds: the public fields, in order
+            return value
+
+        return build_plain
+    put_json = _slot(cls, "_json").__set__
+
+    def build(text: str, *values: Any) -> _T:
+        value = new(cls)
+        for put, item in zip(setters, values, strict=True):
+            put(value, item)
+        put_json(value, text)
+        put_seal(value, values)
+        return value
+
+    return build
 
 
 @attrs.frozen(kw_only=True)

@@ -176,6 +176,40 @@ def test_a_step_keeps_the_state_it_was_given_and_refuses_a_bad_event_payload_nam
     assert caught.value.field == "step.events[1]"
 
 
+
+def test_a_prevalidated_builder_makes_the_value_the_constructor_makes_and_a_replaced_field_is_checked_again():
+    from threadloom import Commit, EventDraft
+    from threadloom.domain.values import intact, prevalidated_builder
+    from threadloom.persistence.encoded import encode_commit
+
+    state = EncodedJson("checkpoint.state", {"a": [1, {"b": None}]})
+    payload = EncodedJson("event.payload", {"ok": True})
+    metadata = {"next": "n", "step": "1"}
+    cp = prevalidated_builder(Checkpoint)(
+        state.text, "c1", "c0", "t", "r", CheckpointStatus.RUNNING, NOW, state.take()[1], "g", None, None, None,
+        metadata,
+    )
+    event = prevalidated_builder(EventDraft)(payload.text, "r", "e", NOW, payload.take()[1], "c1", "1:n", "n")
+    commit = prevalidated_builder(Commit)(7, cp, (), (event,), (), False, None, None)
+    public_cp = Checkpoint(
+        id="c1", parent="c0", thread_id="t", run_id="r", status=CheckpointStatus.RUNNING, created_at=NOW,
+        state={"a": [1, {"b": None}]}, graph_id="g", metadata=metadata,
+    )
+    public_event = EventDraft(run_id="r", type="e", timestamp=NOW, payload={"ok": True}, checkpoint_id="c1",
+                              task_id="1:n", node_id="n")
+    public = Commit(token=7, checkpoint=public_cp, events=(public_event,))
+    assert cp == public_cp and event == public_event and commit == public
+    assert cp.sealed_json() == public_cp.sealed_json() and event.sealed_json() == public_event.sealed_json()
+    assert intact(cp._seal, Checkpoint._GETTER(cp)) and intact(event._seal, EventDraft._GETTER(event))
+    built, constructed = encode_commit("t", commit), encode_commit("t", public)
+    assert built.checkpoint == constructed.checkpoint and built.events[0].text(1) == constructed.events[0].text(1)
+    object.__setattr__(cp, "run_id", "")  # replaced behind the builder's back: validated again when stored
+    with pytest.raises(ValidationError):
+        encode_commit("t", commit)
+    with pytest.raises(ValueError):  # one value per public field, no fewer
+        prevalidated_builder(Commit)(7, cp)
+
+
 # -- logging --------------------------------------------------------------------------------------------------------
 
 
