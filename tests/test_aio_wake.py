@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
+import attrs
 import pytest
 
 from threadloom import Graph, GraphRuntime, InMemoryMeter, MeteredCheckpointer, Step, ThreadDeleted
@@ -113,7 +114,10 @@ def test_a_cancelled_waiter_leaves_the_shared_read_to_the_others_and_the_store_s
         await _until(lambda: _waiters(store) == 10 and not aio._reads, "every waiter to wait")
         gate = threading.Event()
         blocker = asyncio.create_task(aio.call(gate.wait, WAIT))  # the pool's one thread is busy
-        records = await asyncio.to_thread(writer.emit, 2)
+        # Events too big for a PostgreSQL notification to carry (README "asyncio"): the woken waiters read them,
+        # on every store, and share that read.
+        big = [attrs.evolve(draft, payload={"pad": "x" * 9000}) for draft in writer.drafts(2)]
+        records = await asyncio.to_thread(writer.commit, events=big)
         await _until(lambda: len(aio._reads) == 1, "the woken waiters to share a read")
         shared = next(iter(aio._reads.values()))
         await _until(lambda: shared.waiters == 10, "every woken waiter to join the read")
