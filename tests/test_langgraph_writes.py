@@ -18,6 +18,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from structlog.testing import capture_logs
 
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.forwarding import ForwardingCheckpointer
@@ -79,26 +80,41 @@ def _view(saver: Any, config: dict) -> list[tuple[Any, str, list[tuple[str, str]
     return [(t.metadata["step"], t.metadata["source"], _writes(t)) for t in saver.list(config)]
 
 
+def _allowing_dropped(ours: Any, config: dict, logs: list[dict], expected: list) -> list:
+    """LangGraph's view ``expected`` as ours may hold it: a write that reached our saver two or more checkpoints
+    after its own is accepted and not kept (README "LangGraph", Limits; a ``langgraph.late_writes`` debug line).
+    LangGraph's default durability sends a run's input writes after its next checkpoints now and then, on a quiet
+    machine too. Where our saver logged such a drop, our checkpoint's writes must be a subset of LangGraph's, and
+    count as the expected ones; everywhere else the views must agree exactly."""
+    dropped = {entry["checkpoint_id"] for entry in logs if entry["event"] == "langgraph.late_writes"}
+    items = list(ours.list(config))
+    assert len(items) == len(expected)
+    adjusted = []
+    for item, (step, source, theirs) in zip(items, expected, strict=True):
+        if item.config["configurable"]["checkpoint_id"] in dropped:
+            mine = _writes(item)
+            assert set(mine) <= set(theirs), (step, source, mine, theirs)
+            theirs = mine
+        adjusted.append((step, source, theirs))
+    return adjusted
+
+
 def _run(saver: Any, thread: str) -> dict:
-    # durability="sync": each step's checkpoint and writes reach the saver before the next step. With the default
-    # ("async") a write may reach it two or more checkpoints after its own (a run's input writes after its later
-    # checkpoints, seen on a quiet machine too), which the saver accepts and does not keep (README "LangGraph",
-    # Limits): these tests compare every checkpoint's writes with LangGraph's, so they take the order that keeps all.
-    # The late orders the saver keeps are tested call by call in test_langgraph_fencing.py.
     graph = _graph(saver)
     config = {"configurable": {"thread_id": thread}}
-    graph.invoke({"left": 2, "log": []}, config, durability="sync")
-    graph.invoke(Command(resume="yes"), config, durability="sync")
-    graph.invoke(Command(resume="yes"), config, durability="sync")
+    graph.invoke({"left": 2, "log": []}, config)
+    graph.invoke(Command(resume="yes"), config)
+    graph.invoke(Command(resume="yes"), config)
     return config
 
 
 def test_list_and_get_tuple_return_every_checkpoints_writes_as_langgraph_does(store) -> None:
     theirs = InMemorySaver()
     with ThreadloomSaver(store) as ours:
-        config = _run(ours, "t")
+        with capture_logs() as logs:
+            config = _run(ours, "t")
         _run(theirs, "t")
-        mine, expected = _view(ours, config), _view(theirs, config)
+        mine, expected = _view(ours, config), _allowing_dropped(ours, config, logs, _view(theirs, config))
         assert mine == expected
         assert sum(1 for _step, _source, writes in mine[1:] if writes) >= 6  # earlier checkpoints hold writes
         for item in ours.list(config):  # get_tuple of each checkpoint id agrees with list
@@ -113,19 +129,25 @@ def test_list_and_get_tuple_return_every_checkpoints_writes_as_langgraph_does(st
 def test_time_travel_from_an_earlier_checkpoint_replays_its_writes_as_langgraph_does(store) -> None:
     theirs = InMemorySaver()
     with ThreadloomSaver(store) as ours:
-        results = []
+        results, views, logs = [], [], []
         for saver in (ours, theirs):
-            config = _run(saver, "travel")
+            with capture_logs() as captured:
+                config = _run(saver, "travel")
+            logs.extend(captured)
             graph = _graph(saver)
             # the checkpoint where the first fan-out ran: its two tasks' writes are its pending writes
             earlier = next(t for t in saver.list(config) if t.metadata["step"] == 1)
             assert sorted(v for _task, channel, v in earlier.pending_writes if channel == "log") == [
                 ["left1"], ["right1"]
             ]  # fmt: skip
-            first = graph.invoke(None, earlier.config, durability="sync")
-            second = graph.invoke(Command(resume="again"), config, durability="sync")
-            results.append(_ids_out(repr((first, second, graph.get_state(config).values, _view(saver, config)))))
+            with capture_logs() as captured:
+                first = graph.invoke(None, earlier.config)
+                second = graph.invoke(Command(resume="again"), config)
+            logs.extend(captured)
+            results.append(_ids_out(repr((first, second, graph.get_state(config).values))))
+            views.append(_view(saver, config))
         assert results[0] == results[1]
+        assert views[0] == _allowing_dropped(ours, config, logs, views[1])
         assert "right1" in results[0]
 
 
