@@ -88,8 +88,11 @@ def test_waiters_at_different_positions_each_get_exactly_their_events_from_one_r
         for (_, after), got in zip(woken, results, strict=True):
             assert got == [record for record in records if record.seq > after]
         assert len({id(got) for got in results}) == len(results)  # each waiter's own list
-        # One read per woken position, not one per waiter (a spurious wake may add a round; never 60 reads).
-        assert 3 <= _reads(meter) - before < 20
+        # One read per woken position, not one per waiter (a spurious wake may add a round; never 60 reads). On
+        # PostgreSQL the commit's notification carries its events: the waiters at 5, which they continue, may take
+        # them without a read (README "asyncio"); those at 6 and 7 read.
+        least = 2 if isinstance(harness, PgHarness) else 3
+        assert least <= _reads(meter) - before < 20
         waiting = [task for task, after in zip(tasks, positions, strict=True) if after == 8]
         assert not any(task.done() for task in waiting)
         for task in waiting:
