@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -85,3 +86,16 @@ def _wrap(_harness: StoreHarness, store: Checkpointer) -> Checkpointer:
 
 
 __all__ = ["LoopDrivenCheckpointer", "async_harness"]
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Returns once ``predicate()`` is true, checking every 5 ms on the running loop.
+
+    Raises:
+        AssertionError: still false after ``timeout_s`` seconds (the message names ``what``).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(_CANCEL_POLL_S)

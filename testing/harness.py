@@ -11,6 +11,7 @@ import abc
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -236,3 +237,15 @@ def wrapping_harness(
     )
     _wrapping[key] = cls
     return cls
+
+
+class CountingCheckpointer(ForwardingCheckpointer):
+    """A ``Checkpointer`` that counts the calls made to it, by operation name (``calls``), and forwards each."""
+
+    def __init__(self, inner: Checkpointer) -> None:
+        super().__init__(inner)
+        self.calls: Counter[str] = Counter()
+
+    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls[operation] += 1
+        return super()._forward(operation, *args, **kwargs)

@@ -17,6 +17,7 @@ from threadloom import Graph, GraphRuntime, InMemoryMeter, MeteredCheckpointer, 
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.aio import AsyncStore
 from threadloom.persistence.base import Checkpointer
+from threadloom.testing.aio_harness import wait_until
 from threadloom.testing.contract._support import Writer
 from threadloom.testing.harness import MemoryHarness, StoreHarness
 from threadloom.testing.postgres_harness import PgHarness
@@ -57,13 +58,6 @@ def _reads(meter: InMemoryMeter) -> float:
     return meter.snapshot().counter(READS, op="await_events_after")
 
 
-async def _until(predicate: object, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while not predicate():  # type: ignore[operator]
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
 
 def test_waiters_at_different_positions_each_get_exactly_their_events_from_one_read_per_position(
     harness: StoreHarness,
@@ -78,8 +72,8 @@ def test_waiters_at_different_positions_each_get_exactly_their_events_from_one_r
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=4)
         tasks = [asyncio.create_task(aio.await_events_after("t", after, 100, LONG)) for after in positions]
-        await _until(lambda: _waiters(inner) == len(positions), "every waiter to register")
-        await _until(lambda: not aio._reads, "the first reads to end")
+        await wait_until(lambda: _waiters(inner) == len(positions), "every waiter to register")
+        await wait_until(lambda: not aio._reads, "the first reads to end")
         before = _reads(meter)
         records = await asyncio.to_thread(writer.emit, 3)
         assert [record.seq for record in records] == [6, 7, 8]
@@ -114,16 +108,16 @@ def test_a_cancelled_waiter_leaves_the_shared_read_to_the_others_and_the_store_s
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=1)
         tasks = [asyncio.create_task(aio.await_events_after("t", 2, 100, LONG)) for _ in range(10)]
-        await _until(lambda: _waiters(store) == 10 and not aio._reads, "every waiter to wait")
+        await wait_until(lambda: _waiters(store) == 10 and not aio._reads, "every waiter to wait")
         gate = threading.Event()
         blocker = asyncio.create_task(aio.call(gate.wait, WAIT))  # the pool's one thread is busy
         # Events too big for a PostgreSQL notification to carry (README "asyncio"): the woken waiters read them,
         # on every store, and share that read.
         big = [attrs.evolve(draft, payload={"pad": "x" * 9000}) for draft in writer.drafts(2)]
         records = await asyncio.to_thread(writer.commit, events=big)
-        await _until(lambda: len(aio._reads) == 1, "the woken waiters to share a read")
+        await wait_until(lambda: len(aio._reads) == 1, "the woken waiters to share a read")
         shared = next(iter(aio._reads.values()))
-        await _until(lambda: shared.waiters == 10, "every woken waiter to join the read")
+        await wait_until(lambda: shared.waiters == 10, "every woken waiter to join the read")
         for task in tasks[:3]:
             task.cancel()
         await asyncio.gather(*tasks[:3], return_exceptions=True)
@@ -135,13 +129,13 @@ def test_a_cancelled_waiter_leaves_the_shared_read_to_the_others_and_the_store_s
         gate.clear()
         blocker = asyncio.create_task(aio.call(gate.wait, WAIT))
         lone = [asyncio.create_task(aio.await_events_after("t", 0, 100, LONG)) for _ in range(3)]
-        await _until(lambda: len(aio._reads) == 1, "the waiters to share a read")
+        await wait_until(lambda: len(aio._reads) == 1, "the waiters to share a read")
         for task in lone:
             task.cancel()
         await asyncio.gather(*lone, return_exceptions=True)
         gate.set()
         await blocker
-        await _until(lambda: not aio._reads, "the cancelled read to end")
+        await wait_until(lambda: not aio._reads, "the cancelled read to end")
         assert await aio.await_events_after("t", 0, 100, LONG) == store.events_after("t", 0, 100)
         assert _waiters(store) == 0
         await aio.close()
@@ -160,7 +154,7 @@ def test_an_error_of_the_shared_read_reaches_every_waiter(harness: StoreHarness)
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=4)
         tasks = [asyncio.create_task(aio.await_events_after("t", 3, 100, LONG)) for _ in range(40)]
-        await _until(lambda: _waiters(inner) == 40 and not aio._reads, "every waiter to wait")
+        await wait_until(lambda: _waiters(inner) == 40 and not aio._reads, "every waiter to wait")
         before = _reads(meter)
         await asyncio.to_thread(writer.delete)
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT)
@@ -196,13 +190,13 @@ def test_async_subscriptions_at_different_positions_each_get_exactly_their_event
                 received[index].append(event)
 
         consumers = [asyncio.create_task(consume(index)) for index in range(len(subscriptions))]
-        await _until(lambda: all(len(got) == 3 - after for got, after in zip(received, starts, strict=True)), "replays")
+        await wait_until(lambda: all(len(got) == 3 - after for got, after in zip(received, starts, strict=True)), "replays")
         stray = asyncio.create_task(consume(0))  # a second consumer of one subscription, cancelled while parked
         await asyncio.sleep(0.01)
         stray.cancel()
         await asyncio.gather(stray, return_exceptions=True)
         await (await runtime.astart("t1", graph, {"n": 2}))  # events 4..6, one commit each turn
-        await _until(lambda: all(len(got) == 6 - after for got, after in zip(received, starts, strict=True)), "events")
+        await wait_until(lambda: all(len(got) == 6 - after for got, after in zip(received, starts, strict=True)), "events")
         log = store.events_after("t1", 0, 100)
         assert [event.seq for event in log] == [1, 2, 3, 4, 5, 6]
         for got, after in zip(received, starts, strict=True):
@@ -336,7 +330,7 @@ def test_an_event_handed_to_a_consumer_cancelled_before_it_resumed_goes_to_the_n
             subscription = runtime.subscribe("t1", 3)
             writer = Writer(store, harness, "t1")
             parked = asyncio.create_task(subscription.__anext__())
-            await _until(lambda: bool(subscription._parked), "the consumer to park")
+            await wait_until(lambda: bool(subscription._parked), "the consumer to park")
             writer.emit(1)  # event 4; the tail delivers it later, on this loop
             (event,) = store.events_after("t1", 3, 10)
             subscription._deliver([event], loop=loop)  # the delivery hands it to the parked consumer...

@@ -22,8 +22,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from threadloom import ClaimRequest, Commit, ValidationError
 from threadloom.langgraph import ThreadloomSaver
-from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
+from threadloom.testing.harness import CountingCheckpointer
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_filter_values_compare_as_json_values(store) -> None:
 )
 def test_a_filter_that_is_not_json_is_refused_naming_it(wanted: Any, field: str) -> None:
     store = InMemoryCheckpointer()
-    counted = _Counting(store)
+    counted = CountingCheckpointer(store)
     with ThreadloomSaver(counted) as saver:
         with pytest.raises(ValidationError) as caught:
             list(saver.list(generate_config("t"), filter=wanted))
@@ -257,20 +257,9 @@ def test_listing_every_thread_of_the_tenant(store) -> None:
         theirs.close()
 
 
-class _Counting(ForwardingCheckpointer):
-    """Counts the store calls a saver makes, by operation."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self.calls: Counter[str] = Counter()
-
-    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
-        self.calls[operation] += 1
-        return super()._forward(operation, *args, **kwargs)
-
 
 def test_the_store_answers_the_filter_and_hidden_runs_are_paged_past() -> None:
-    store = _Counting(InMemoryCheckpointer())
+    store = CountingCheckpointer(InMemoryCheckpointer())
     with ThreadloomSaver(store) as saver:
         _fill([saver], {"t": {"": 2300}})
         config = generate_config("t")

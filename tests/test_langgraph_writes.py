@@ -21,8 +21,8 @@ from langgraph.types import Command, interrupt
 from structlog.testing import capture_logs
 
 from threadloom.langgraph import ThreadloomSaver
-from threadloom.persistence.forwarding import ForwardingCheckpointer
 from threadloom.persistence.memory.store import InMemoryCheckpointer
+from threadloom.testing.harness import CountingCheckpointer
 
 
 @pytest.fixture
@@ -159,18 +159,9 @@ def _put(saver: Any, thread: str, parent: dict | None, step: int) -> dict:
     return saver.put(config, checkpoint, generate_metadata(step=step), {"n": step + 1})
 
 
-class _Counting(ForwardingCheckpointer):
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self.calls: Counter[str] = Counter()
-
-    def _forward(self, operation: str, *args: Any, **kwargs: Any) -> Any:
-        self.calls[operation] += 1
-        return super()._forward(operation, *args, **kwargs)
-
 
 def test_an_earlier_checkpoints_writes_cost_a_bounded_search_and_pages_carry_them() -> None:
-    store = _Counting(InMemoryCheckpointer())
+    store = CountingCheckpointer(InMemoryCheckpointer())
     with ThreadloomSaver(store) as saver:
         configs, parent = [], None
         for step in range(1200):

@@ -17,6 +17,7 @@ from threadloom import GraphRuntime, InMemoryMeter, MeteredCheckpointer
 from threadloom.domain.values import EventDraft, EventRecord
 from threadloom.persistence.aio import AsyncStore
 from threadloom.persistence.postgres.store import PostgresCheckpointer
+from threadloom.testing.aio_harness import wait_until
 from threadloom.testing.contract._support import Writer
 from threadloom.testing.postgres_harness import PgHarness
 
@@ -40,13 +41,6 @@ def _reads(meter: InMemoryMeter) -> float:
     return meter.snapshot().counter(READS, op="await_events_after")
 
 
-async def _until(predicate: object, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while not predicate():  # type: ignore[operator]
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
 
 def _drafts(writer: Writer, payloads: list[object]) -> list[EventDraft]:
     now = writer.harness.clock.now()
@@ -68,7 +62,7 @@ def test_a_commits_events_reach_a_waiter_through_its_notification_equal_to_a_rea
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=2)
         tasks = [asyncio.create_task(aio.await_events_after("t", 2, 100, LONG)) for _ in range(5)]
-        await _until(_waiting(inner, aio, 5), "the waiters to wait")
+        await wait_until(_waiting(inner, aio, 5), "the waiters to wait")
         await asyncio.sleep(0.05)  # a wake of the listener's start, if any, is over
         before = _reads(meter)
         committed = await asyncio.to_thread(writer.commit, events=_drafts(writer, payloads))
@@ -95,7 +89,7 @@ def test_a_commit_too_big_for_a_notification_is_read(harness: PgHarness) -> None
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=2)
         task = asyncio.create_task(aio.await_events_after("t", 1, 100, LONG))
-        await _until(_waiting(inner, aio, 1), "the waiter to wait")
+        await wait_until(_waiting(inner, aio, 1), "the waiter to wait")
         before = _reads(meter)
         committed = await asyncio.to_thread(writer.commit, events=_drafts(writer, payloads))
         got = await asyncio.wait_for(task, WAIT)
@@ -118,7 +112,7 @@ def test_waiters_the_carried_events_do_not_continue_read_and_the_limit_holds(har
         aio = AsyncStore(store, own_store=False, max_workers=2)
         tasks = [asyncio.create_task(aio.await_events_after("t", after, 100, LONG)) for after in positions]
         limited = asyncio.create_task(aio.await_events_after("t", 5, 2, LONG))
-        await _until(_waiting(inner, aio, 5), "the waiters to wait")
+        await wait_until(_waiting(inner, aio, 5), "the waiters to wait")
         await asyncio.sleep(0.05)
         before = _reads(meter)
         records = await asyncio.to_thread(writer.emit, 3)
@@ -145,13 +139,13 @@ def test_a_notification_that_does_not_decode_wakes_every_waiter_to_read(
     async def scenario() -> None:
         aio = AsyncStore(store, own_store=False, max_workers=2)
         tasks = [asyncio.create_task(aio.await_events_after("t", 1, 100, LONG)) for _ in range(3)]
-        await _until(_waiting(inner, aio, 3), "the waiters to wait")
+        await wait_until(_waiting(inner, aio, 3), "the waiters to wait")
         await asyncio.sleep(0.05)
         before = _reads(meter)
         for payload in ("not json", "[]", '[{"seq": 1}]', "{}"):
             with psycopg.connect(harness.dsn, autocommit=True) as conn:
                 conn.execute(sql.SQL("SELECT pg_notify({}, {})").format(sql.Literal(channel), sql.Literal(payload)))
-            await _until(lambda: _reads(meter) > before, "the waiters to re-read")
+            await wait_until(lambda: _reads(meter) > before, "the waiters to re-read")
             before = _reads(meter)
         assert not any(task.done() for task in tasks)  # nothing new: they wait on
         records = await asyncio.to_thread(writer.emit, 2)
@@ -195,7 +189,7 @@ def test_async_subscriptions_joined_mid_stream_each_get_every_event_once_in_orde
                 subscribe(last, 20)
             await asyncio.sleep(0.01)
         log = store_a.events_after("t", 0, 100)
-        await _until(
+        await wait_until(
             lambda: all(len(received[i]) == len(log) - starts[i] for i in received), "every event everywhere"
         )
         for index, got in received.items():
@@ -270,19 +264,19 @@ def test_async_subscriptions_get_every_event_once_across_a_lost_notification_and
                 received[index].append(event)
 
         consumers = [asyncio.create_task(consume(index)) for index in range(len(subscriptions))]
-        await _until(lambda: all(len(got) == 1 for got in received) and listener.ready.is_set(), "the replays")
+        await wait_until(lambda: all(len(got) == 1 for got in received) and listener.ready.is_set(), "the replays")
         await asyncio.to_thread(writer.emit, 2)  # its notification is lost: the tail's wait times out and reads
-        await _until(lambda: all(len(got) == 3 for got in received), "the events of the lost notification")
+        await wait_until(lambda: all(len(got) == 3 for got in received), "the events of the lost notification")
         assert dropped
         old_pid = listener.backend_pid
         with psycopg.connect(harness.dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
-        await _until(lambda: listener.backend_pid != old_pid and listener.ready.is_set(), "the listener to return")
+        await wait_until(lambda: listener.backend_pid != old_pid and listener.ready.is_set(), "the listener to return")
         for n in (1, 3, 1):
             await asyncio.to_thread(writer.emit, n)
         log = store_a.events_after("t", 0, 100)
         assert len(log) == 8
-        await _until(lambda: all(len(got) == len(log) for got in received), "every event")
+        await wait_until(lambda: all(len(got) == len(log) for got in received), "every event")
         assert all(got == log for got in received)
         for subscription in subscriptions:
             subscription.cancel()
