@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -642,6 +642,7 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
         policy: ServePolicy | None = None,
         block: bool = True,
         signals: bool = True,
+        on_started: Callable[[Server], None] | None = None,
     ) -> Server:
         """Works the store's run queue with ``concurrency`` workers until stopped.
 
@@ -670,6 +671,10 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
                 side effect they ran may run again on the next attempt, as after a crash - hands back at once,
                 and raises ``KeyboardInterrupt`` (SIGINT) or ``SystemExit(143)`` (SIGTERM). False: signals are
                 left to the caller's handlers.
+            on_started: called once on the calling thread with the :class:`Server` when the workers run and (with
+                ``signals``) the stop signals are handled, before ``serve`` blocks: the place to announce
+                readiness, since a signal from then on stops the workers cleanly. An exception it raises stops and
+                joins the workers, then propagates.
 
         Returns:
             The :class:`Server` (stopped, when ``block``).
@@ -710,17 +715,26 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
         for worker in background:
             server._tasks.append(self._scheduler.spawn(f"serve-{worker.holder}", worker.run))
         if signalled:
-            wait_until_signalled(server, self._close_timeout, self.node_id)
+            wait_until_signalled(server, self._close_timeout, self.node_id, on_started)
             if server.error is not None:
                 raise server.error
         elif block:
             try:
+                if on_started is not None:
+                    on_started(server)
                 workers[0].run()
             finally:
                 server.stop()
                 server.join(self._close_timeout)
             if server.error is not None:
                 raise server.error
+        elif on_started is not None:
+            try:
+                on_started(server)
+            except BaseException:
+                server.stop()
+                server.join(self._close_timeout)
+                raise
         return server
 
     def _abandon(self, handle: RunHandle) -> None:

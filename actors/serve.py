@@ -432,9 +432,15 @@ SIGNAL_POLL_S = 0.1
 """How often (seconds) the main thread of a blocking ``serve`` looks at the signals it received."""
 
 
-def wait_until_signalled(server: Server, join_timeout: timedelta, node_id: str) -> None:
+def wait_until_signalled(
+    server: Server,
+    join_timeout: timedelta,
+    node_id: str,
+    on_started: Callable[[Server], None] | None = None,
+) -> None:
     """Waits on the main thread for ``server``'s workers (already started as tasks) to end, stopping them on
-    SIGINT or SIGTERM; the handlers it installs are put back on return.
+    SIGINT or SIGTERM; the handlers it installs are put back on return. ``on_started`` is called once the
+    handlers are in place (an exception from it stops and joins the workers, then propagates).
 
     The signal handler only records the signal; this loop acts on it within :data:`SIGNAL_POLL_S`. First signal:
     ``queue.serve_interrupted``, every node in flight finishes and commits, then each run releases its claim and
@@ -457,6 +463,8 @@ def wait_until_signalled(server: Server, join_timeout: timedelta, node_id: str) 
     try:
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, on_signal)
+        if on_started is not None:
+            on_started(server)
         while server._alive():
             while handled < len(received):
                 name = signal.Signals(received[handled]).name

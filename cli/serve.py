@@ -10,10 +10,6 @@ metrics are (a JSON object with ``--json``).
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -43,18 +39,35 @@ def _graphs(specs: tuple[str, ...]) -> list[Any]:
 
 
 @click.command()
-@click.option("--graph", "graph_specs", required=True, multiple=True, metavar="MODULE:ATTR",
-              help="A Graph to serve (or a function returning one), importable from the working directory; repeat "
-                   "for several.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Workers: entries worked at once.")
-@click.option("--node-id", default=None, metavar="NAME", help="Names this worker in RunIds and log lines "
-              "[default: HOST-PID].")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="N",
-              help="Meter the store, its run queue and the runtime, and serve the metrics on this port "
-                   "(0: a free port, printed).")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST",
-              help="The address the metrics port listens on (0.0.0.0 to be scraped from other machines).")
+@click.option(
+    "--graph",
+    "graph_specs",
+    required=True,
+    multiple=True,
+    metavar="MODULE:ATTR",
+    help="A Graph to serve (or a function returning one), importable from the working directory; repeat for several.",
+)
+@click.option(
+    "--concurrency", type=click.IntRange(1, 256), default=1, show_default=True, help="Workers: entries worked at once."
+)
+@click.option(
+    "--node-id", default=None, metavar="NAME", help="Names this worker in RunIds and log lines [default: HOST-PID]."
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="N",
+    help="Meter the store, its run queue and the runtime, and serve the metrics on this port "
+    "(0: a free port, printed).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    metavar="HOST",
+    help="The address the metrics port listens on (0.0.0.0 to be scraped from other machines).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -101,15 +114,18 @@ def serve(
         store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
     try:
         runtime = GraphRuntime(store, node_id=node_id, meter=meter)
-        with runtime, _stop_before_serving():
-            served = sorted(graph.graph_id for graph in graphs)
-            line: dict[str, Any] = {
-                "serving": served,
-                "store": state.safe_url,
-                "node_id": runtime.node_id,
-                "concurrency": concurrency,
-                "metrics": None if endpoint is None else endpoint.url,
-            }
+        served = sorted(graph.graph_id for graph in graphs)
+        line: dict[str, Any] = {
+            "serving": served,
+            "store": state.safe_url,
+            "node_id": runtime.node_id,
+            "concurrency": concurrency,
+            "metrics": None if endpoint is None else endpoint.url,
+        }
+
+        def announce(_server: object) -> None:
+            # Printed once the workers run and SIGTERM / Ctrl-C stop them cleanly: a supervisor that signals the
+            # process as soon as it reads this line gets a clean stop (exit 0), never the default death.
             if state.json_output:
                 state.emit(line)
             else:
@@ -121,37 +137,15 @@ def serve(
                 )  # fmt: skip
             state.out.file.flush()
             structlog.get_logger("threadloom.cli").info("serve.started", **line)
-            runtime.serve(graphs, concurrency=concurrency, policy=ServePolicy(), block=True)
+
+        with runtime:
+            runtime.serve(graphs, concurrency=concurrency, policy=ServePolicy(), block=True, on_started=announce)
             structlog.get_logger("threadloom.cli").info("serve.stopped", node_id=runtime.node_id)
     except ValidationError as error:
         raise CliError(str(error), 2, kind="ValidationError") from error
     finally:
         if endpoint is not None:
             endpoint.close()
-
-
-class _StoppedBeforeServing(Exception):
-    """SIGTERM arrived after the "serving" line and before ``serve`` handled signals itself: nothing runs yet."""
-
-
-@contextlib.contextmanager
-def _stop_before_serving() -> Iterator[None]:
-    """From the "serving" line on, a SIGTERM stops the worker cleanly (exit 0), also in the moment before
-    ``GraphRuntime.serve`` installs its own handlers (it puts this one back when it returns)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise _StoppedBeforeServing(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    except _StoppedBeforeServing:
-        structlog.get_logger("threadloom.cli").info("serve.stopped", before="serving")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 __all__ = ["serve"]

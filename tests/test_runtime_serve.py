@@ -10,6 +10,9 @@ decides time, so there those tests run with short lease and claim ttls (``Timing
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -376,6 +379,55 @@ def test_a_blocking_serve_returns_when_stopped(stores, runtimes):
     assert done.wait(10)
     thread.join(10)
     assert servers[0].stopped
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_sigterm_sent_as_serve_announces_itself_stops_it_cleanly(stores, runtimes):
+    """Found by a flaky CI run: ``threadloom serve`` printed its "serving" line before the runtime handled
+    signals, and a SIGTERM sent on reading it was sometimes lost, so the worker never stopped. ``on_started``
+    runs once the handlers are in place: a signal sent from it stops every worker, and ``serve`` returns with the
+    caller's handlers put back."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are handled on the main thread only")
+    runtime = runtimes(stores[0], "W")
+    before = signal.getsignal(signal.SIGTERM)
+    seen: list[object] = []
+
+    def announce(server) -> None:
+        seen.append((server.stopped, len(server._tasks), signal.getsignal(signal.SIGTERM) is not before))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    server = runtime.serve([Steps().graph()], policy=FAST, concurrency=2, on_started=announce)
+    assert seen == [(False, 2, True)]  # called once, workers running, our handler not the one in place
+    assert server.stopped and not server._alive()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_error_in_on_started_stops_the_workers_and_propagates(stores, runtimes):
+    runtime = runtimes(stores[0], "W")
+    servers = []
+
+    def fail(server) -> None:
+        servers.append(server)
+        raise RuntimeError("announcing failed")
+
+    for block in (True, False):
+        with pytest.raises(RuntimeError, match="announcing failed"):
+            runtime.serve([Steps().graph()], policy=FAST, concurrency=2, block=block, on_started=fail)
+        assert servers[-1].stopped and not servers[-1]._alive()
+    thread_errors: list[BaseException] = []
+
+    def off_main() -> None:  # block on another thread: no signals, one worker on the calling thread
+        try:
+            runtime.serve([Steps().graph()], policy=FAST, concurrency=2, on_started=fail)
+        except RuntimeError as error:
+            thread_errors.append(error)
+
+    worker = threading.Thread(target=off_main)
+    worker.start()
+    worker.join(10)
+    assert [str(e) for e in thread_errors] == ["announcing failed"]
+    assert servers[-1].stopped and not servers[-1]._alive()
 
 
 def test_serve_validates_its_graphs(stores, runtimes):
