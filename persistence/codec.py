@@ -141,6 +141,8 @@ _READ_ENVELOPE = msgspec.json.Decoder(_Envelope).decode
 _READ_CHECKPOINT = msgspec.json.Decoder(_CheckpointRow).decode
 _CHECK_JSON = msgspec.json.Decoder(msgspec.Raw).decode
 _STATE_KEY = ',"state":'
+_NUL_ESCAPE = "\\u0000"
+"""The only way a NUL reaches a string the C reader takes (it refuses a raw one)."""
 """How the state's key follows the other fields in the text the store writes (the state last: see
 :func:`~threadloom.persistence.encoded.encode_checkpoint`)."""
 
@@ -174,26 +176,40 @@ def _is_json(text: str) -> bool:
 _LAZY_STATE = LazyJson(_decode_state, _is_json)
 
 
-def _fast_row(text: str) -> tuple[_Envelope, str] | None:
-    """The fields of a stored checkpoint and its state's text, read by the C reader; None when it does not take
-    the row (the strict reader decides).
+def _fast_row(text: str) -> tuple[_Envelope, str, bool] | None:
+    """The fields of a stored checkpoint, its state's text, and whether the fields may hold a NUL, read by the C
+    reader; None when it does not take the row (the strict reader decides).
 
     The store writes the state last: the text up to the first ``,"state":`` (a key: the quote of a JSON string
     never follows a comma unescaped but to open one) closed with ``}`` is the other fields, and the rest but the
     closing brace the state, read as it is (checked when it is decoded or written again). Any other layout
-    (an older version's, white space) is read whole, its state checked well-formed.
+    (an older version's, white space) is read whole, its state checked well-formed. The C reader refuses a raw
+    NUL in a string, so a NUL in a field can only come from the escape ``\\u0000``: when the fields' text has
+    none, no field holds one (one scan instead of one per field).
     """
     cut = text.find(_STATE_KEY)
     if cut > 0 and text[-1] == "}":
+        head = text[:cut] + "}"
         try:
-            return _READ_ENVELOPE(text[:cut] + "}"), text[cut + len(_STATE_KEY) : -1]
+            return _READ_ENVELOPE(head), text[cut + len(_STATE_KEY) : -1], _NUL_ESCAPE in head
         except (ValueError, RecursionError):  # a "state" key of a nested object, or the state not last
             pass
     try:
         row = _READ_CHECKPOINT(text)
     except (ValueError, RecursionError):
         return None
-    return row, str(row.state, "utf-8")
+    return row, str(row.state, "utf-8"), True
+
+
+def _holds_nul(row: Any) -> bool:
+    """Whether any string field of a stored checkpoint's fields (its origin's and metadata's included) holds NUL."""
+    origin, metadata = row.origin, row.metadata
+    texts = [row.id, row.parent or "", row.thread_id, row.run_id, row.graph_id, row.tenant_id or ""]
+    if origin is not None:
+        texts += (origin.parent_thread, origin.parent_checkpoint or "", origin.task_id or "")
+    if metadata:
+        texts += (*metadata, *metadata.values())
+    return "\x00" in "".join(texts)
 
 
 def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
@@ -208,22 +224,15 @@ def decode_checkpoint(text: str, thread_id: str) -> Checkpoint:
     fast = _fast_row(text)
     if fast is None:  # not as the fast reader takes it: the strict path decides
         return _decode_checkpoint_strictly(text, thread_id)
-    row, state = fast
+    row, state, may_hold_nul = fast
     # The C reader took strings of the right lengths and types, without lone surrogates (it refuses their escapes):
     # what is left of an id's or metadata's checks is NUL, which a damaged row may hold (the strict path names it).
     parent, tenant_id, stored_origin, metadata = row.parent, row.tenant_id, row.origin, row.metadata
-    if "\x00" in "".join((row.id, parent or "", row.thread_id, row.run_id, row.graph_id, tenant_id or "")):
+    if may_hold_nul and _holds_nul(row):
         return _decode_checkpoint_strictly(text, thread_id)
     origin = None
     if stored_origin is not None:
-        parent_thread, parent_checkpoint, task_id = (
-            stored_origin.parent_thread, stored_origin.parent_checkpoint, stored_origin.task_id
-        )  # fmt: skip
-        if "\x00" in "".join((parent_thread, parent_checkpoint or "", task_id or "")):
-            return _decode_checkpoint_strictly(text, thread_id)
-        origin = _NEW_ORIGIN(parent_thread, parent_checkpoint, task_id)
-    if metadata and ("\x00" in "".join(metadata) or "\x00" in "".join(metadata.values())):
-        return _decode_checkpoint_strictly(text, thread_id)
+        origin = _NEW_ORIGIN(stored_origin.parent_thread, stored_origin.parent_checkpoint, stored_origin.task_id)
     try:
         created_at = from_micros(row.created_at)
     except _DAMAGE as error:  # out of datetime's range

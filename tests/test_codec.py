@@ -288,6 +288,39 @@ def test_a_damaged_row_is_a_processing_error_naming_the_thread(decode, text: str
     assert isinstance(info.value.__cause__, Exception)
 
 
+def _compact(**changes) -> str:
+    """A checkpoint row in the layout the store writes (compact, the state last): the fast reader's layout."""
+    raw = {**_GOOD_CHECKPOINT, **changes}
+    raw["state"] = raw.pop("state")
+    return json.dumps(raw, separators=(",", ":"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(_compact(run_id="r\x00"), id="id"),
+        pytest.param(_compact(parent="p\x00"), id="parent"),
+        pytest.param(_compact(tenant_id="\x00"), id="tenant"),
+        pytest.param(_compact(metadata={"k": "v\x00"}), id="meta-value"),
+        pytest.param(_compact(metadata={"\x00": "v"}), id="meta-key"),
+        pytest.param(
+            _compact(origin={"parent_thread": "p", "parent_checkpoint": "c\x00", "task_id": None}), id="origin"
+        ),
+    ],
+)
+def test_a_nul_in_any_field_of_a_row_in_the_stores_own_layout_is_refused(text: str) -> None:
+    """The fast reader checks the fields' text for the NUL escape once instead of each field: every field counts."""
+    assert ',"state":' in text and "\\u0000" in text  # the layout the fast reader takes, the NUL escaped
+    with pytest.raises(ProcessingError, match="NUL"):
+        codec.decode_checkpoint(text, "thread-42")
+
+
+def test_a_backslash_u_in_a_field_is_text_not_a_nul() -> None:
+    """An escaped backslash before ``u0000`` is the text ``\\u0000``, not a NUL: read as it was written."""
+    cp = codec.decode_checkpoint(_compact(run_id="r\\u0000", metadata={"k": "\\u0000"}), "t")
+    assert (cp.run_id, cp.metadata) == ("r\\u0000", {"k": "\\u0000"})
+
+
 def _damaged_store() -> InMemoryCheckpointer:
     store = InMemoryCheckpointer()
     claim = store.claim("thread-42", ClaimRequest(holder="r", ttl=timedelta(minutes=1)))
