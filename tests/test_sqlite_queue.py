@@ -307,7 +307,7 @@ def _tables(path: str) -> set[str]:
 def test_a_file_of_the_previous_schema_version_migrates_forward(
     path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert sqlite_store.SCHEMA_VERSION == 8 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
+    assert sqlite_store.SCHEMA_VERSION == 9 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
     # This code as it was before the queue: schema version 1 (with version 3's claim column, version 5's access
     # stamp columns, version 7's metadata column and version 8's stamp column while it writes, which this code
     # needs, then dropped: the file is then as version 1 left it).
@@ -348,7 +348,7 @@ def test_a_file_of_the_previous_schema_version_migrates_forward(
         rows = raw(path).execute("SELECT version, applied_at FROM schema_version ORDER BY version").fetchall()
         now_us = sqlite_store.codec.to_micros(clock.now())
         assert rows == [(1, sqlite_store.codec.to_micros(START)), (2, now_us), (3, now_us), (4, now_us), (5, now_us),
-                        (6, now_us), (7, now_us), (8, now_us)]
+                        (6, now_us), (7, now_us), (8, now_us), (9, now_us)]
         assert {"run_queue", "run_queue_runs"} <= _tables(path)
         store = opened[0]
         assert [cp.id for cp in store.history("t1", limit=10)] == list(reversed(r1 + later))
@@ -377,7 +377,7 @@ def test_a_file_of_version_3_migrates_its_open_entries_to_refunds(
     )
     conn.commit()
     with SqliteCheckpointer.open(path, clock=clock) as store:
-        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (8,)
+        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (9,)
         (entry,) = store.queue.entries()
         assert (entry.attempts, entry.refunded, entry.counted_attempts) == (2, 0, 2)
         lease = store.queue.lease("w", TTL)

@@ -53,10 +53,11 @@ SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 """The values ``synchronous`` may take."""
 
 WAL_AUTOCHECKPOINT = 10_000
-"""``PRAGMA wal_autocheckpoint`` of every connection, in pages (SQLite's default is 1,000). A commit writes a
-dozen pages (a checkpoint row, its indexes, the thread row and the registry's indexes, events, pending writes), so
-the default would copy the log back into the file, and sync it, every ~80 commits; 10,000 pages (about 40 MB of
-log at 4 KiB pages) makes that ten times rarer and lets a page written by many commits be copied back once."""
+"""``PRAGMA wal_autocheckpoint`` of every connection, in pages (SQLite's default is 1,000). A commit writes
+about ten pages (a checkpoint row, its id index, the thread row and its registry index entry, events, pending
+writes), so the default would copy the log back into the file, and sync it, every ~100 commits; 10,000 pages
+(about 40 MB of log at 4 KiB pages) makes that ten times rarer and lets a page written by many commits be copied
+back once."""
 
 CHECKPOINT_EVERY = 100
 """Write transactions of a database between two of its background WAL checkpoints. The database's checkpointer

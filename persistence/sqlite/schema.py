@@ -161,6 +161,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX checkpoints_run ON checkpoints (thread_id, run_id, position) WHERE run_start = 1",
         "CREATE INDEX checkpoints_start ON checkpoints (thread_id, position) WHERE run_start = 1",
     ),
+    # 9: one registry index instead of two. Every commit of a checkpoint moves ``updated_at``, which both
+    # threads_registry and threads_incomplete held, so each commit rewrote an entry (and a page) of each. One index
+    # now answers both calls: its second column is 1 for a root thread whose latest checkpoint is RUNNING and whose
+    # cascade delete has not begun (what incomplete() lists, a range of it), else 0; threads() merges the two
+    # ranges of a tenant by (updated_at, thread_id) (:func:`threads_statement`).
+    (
+        "DROP INDEX threads_incomplete",
+        "DROP INDEX threads_registry",
+        "CREATE INDEX threads_registry ON threads (latest_tenant, (latest_status = 'running' AND deleting = 0),"
+        " updated_at, thread_id) WHERE origin_parent IS NULL AND latest_id IS NOT NULL",
+    ),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
@@ -372,9 +383,16 @@ STATUS_CASE = (
     " WHEN claim_token IS NOT NULL AND claim_expires > :now THEN 'running'"
     " WHEN latest_status = 'running' THEN 'idle' ELSE latest_status END)"
 )
+# threads_registry's second column (migration 9): 1 for a thread whose latest checkpoint is RUNNING and whose
+# cascade delete has not begun, else 0 (a registry row always has a latest status). The queries compare this very
+# text to 0 or 1 and name neither column alone besides: a plain ``latest_status = 'running'`` term would let SQLite
+# substitute the constant into the expression, which then no longer matches the index's.
+OPEN = "(latest_status = 'running' AND deleting = 0)"
+OPEN_STATUSES = frozenset({"running", "idle"})
+"""What STATUS_CASE makes of a row with OPEN = 1; a row with OPEN = 0 is never ``idle``."""
 INCOMPLETE_SELECT = (
-    REGISTRY_SELECT + " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_status = 'running'"
-    " AND deleting = 0 AND (claim_token IS NULL OR claim_expires <= :now)"
+    REGISTRY_SELECT + f" WHERE latest_tenant IS :tenant AND {OPEN} = 1 AND origin_parent IS NULL"
+    " AND latest_id IS NOT NULL AND (claim_token IS NULL OR claim_expires <= :now)"
     " AND latest_graph_id IS NOT 'threadloom.access-walk'"
 )
 
@@ -458,31 +476,39 @@ STATEMENTS: Mapping[str, str] = {
 
 def threads_statement(query: ThreadQuery, now_us: int) -> tuple[str, dict[str, Any]] | None:
     """The statement and parameters of ``threads(query)`` at the store time ``now_us``: a tenant's root threads,
-    newest ``updated_at`` first, at most ``query.limit + 1`` rows; None when ``query.statuses`` is empty."""
-    sql = [
-        REGISTRY_SELECT,
-        " WHERE latest_tenant IS :tenant AND origin_parent IS NULL AND latest_id IS NOT NULL"
-        " AND latest_graph_id IS NOT 'threadloom.access-walk'",
+    newest ``updated_at`` first, at most ``query.limit + 1`` rows; None when ``query.statuses`` is empty.
+
+    threads_registry holds a tenant's root threads in two ranges by :data:`OPEN` (0, then 1), each in
+    ``(updated_at, thread_id)`` order: the statement reads each range that may hold a wanted status, newest first,
+    and merges them (``UNION ALL`` with an ``ORDER BY``, which SQLite answers by merging the ranges as they are
+    read), so it reads at most ``limit + 1`` index entries from each range besides those the filters skip."""
+    where = [
+        " AND origin_parent IS NULL AND latest_id IS NOT NULL AND latest_graph_id IS NOT 'threadloom.access-walk'"
     ]
     params: dict[str, Any] = {"tenant": query.tenant_id, "now": now_us, "limit": query.limit + 1}
     if query.after is not None:
-        sql.append(" AND (updated_at, thread_id) < (:after_at, :after_id)")
+        where.append(" AND (updated_at, thread_id) < (:after_at, :after_id)")
         params["after_at"] = to_micros(query.after.updated_at)
         params["after_id"] = query.after.thread_id
     if query.updated_since is not None:
-        sql.append(" AND updated_at >= :since")
+        where.append(" AND updated_at >= :since")
         params["since"] = to_micros(query.updated_since)
     if query.graph_id is not None:
-        sql.append(" AND latest_graph_id = :graph")
+        where.append(" AND latest_graph_id = :graph")
         params["graph"] = query.graph_id
+    ranges: tuple[int, ...] = (0, 1)
     if query.statuses is not None:
         names = sorted(status.value for status in query.statuses)
         if not names:
             return None
-        sql.append(f" AND {STATUS_CASE} IN ({', '.join(f':s{i}' for i in range(len(names)))})")
+        where.append(f" AND {STATUS_CASE} IN ({', '.join(f':s{i}' for i in range(len(names)))})")
         params.update({f"s{i}": name for i, name in enumerate(names)})
-    sql.append(" ORDER BY updated_at DESC, thread_id DESC LIMIT :limit")
-    return "".join(sql), params
+        ranges = tuple(
+            value for value in (0, 1) if (OPEN_STATUSES & set(names) if value else set(names) - {"idle"})
+        )
+    rest = "".join(where)
+    arms = [f"{REGISTRY_SELECT} WHERE latest_tenant IS :tenant AND {OPEN} = {value}{rest}" for value in ranges]
+    return " UNION ALL ".join(arms) + " ORDER BY updated_at DESC, thread_id DESC LIMIT :limit", params
 
 
 def incomplete_statement(
