@@ -25,6 +25,10 @@ from threadloom.persistence.logs import get_logger
 
 log = get_logger("threadloom.langgraph")
 
+LATE_WINDOW = 64
+"""How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
+it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Limits)."""
+
 
 @attrs.define(eq=False)
 class Hold:
@@ -40,6 +44,11 @@ class Hold:
     writes: list[PendingWrite] = attrs.field(factory=list)  # the pending writes stored against ``latest``
     committed: list[str] = attrs.field(factory=list)
     early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
+    # the latest holds late writes (for a checkpoint before it): the next checkpoint carries them, marked
+    holds_late: bool = False
+    # a checkpoint of the thread carries late writes: every later one says so (state "late"), so a read of a
+    # thread without any searches for none
+    late_seen: bool = False
     moved: tuple[str | None, str | None] | None = None
     lost: StaleClaim | None = None
     last_used: float = attrs.field(factory=time.monotonic)
@@ -48,20 +57,19 @@ class Hold:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
-    def latest_parent(self) -> str | None:
-        """The checkpoint before the latest in the store's order, when both were stored under this hold (or the
-        first was the latest when it was taken)."""
-        if len(self.committed) >= 2 and self.committed[-1] == self.latest:
-            return self.committed[-2]
-        return None
+    def superseded(self, checkpoint_id: str) -> bool:
+        """Whether ``checkpoint_id`` is one of the ``LATE_WINDOW`` checkpoints before the latest, stored under
+        this hold (or the latest when it was taken): a write for it is late and kept."""
+        return checkpoint_id != self.latest and checkpoint_id in self.committed
 
     def stored(self, checkpoint_id: str) -> None:
         """Records that ``checkpoint_id`` is now the thread's latest (committed under this hold)."""
         self.latest = checkpoint_id
         self.regular_tasks = set()
         self.writes = []
+        self.holds_late = False
         self.committed.append(checkpoint_id)
-        del self.committed[:-64]
+        del self.committed[: -(LATE_WINDOW + 1)]
 
 
 class Holds:
@@ -182,6 +190,8 @@ class Holds:
         if stored is not None:
             hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
             hold.writes = list(stored.pending_writes)
+            hold.holds_late = _mapping.holds_late(hold.writes)
+            hold.late_seen = _mapping.late_seen(stored.checkpoint)
         with self._lock:
             known = self._seen.get(thread_id, latest)
             if known != latest:
@@ -266,8 +276,8 @@ class Holds:
 
     def _report_early(self, hold: Hold) -> None:
         """Forgets the writes still waiting for their checkpoint: late ones (their checkpoint was stored before
-        the hold; only the latest checkpoint takes writes) quietly, ones whose checkpoint never came with a
-        warning."""
+        the hold, so it is not among the checkpoints the hold keeps late writes for) quietly, ones whose checkpoint
+        never came with a warning."""
         early, hold.early = hold.early, {}
         dropped = 0
         for checkpoint_id, writes in early.items():

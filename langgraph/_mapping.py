@@ -38,6 +38,14 @@ SUPERSEDED_KEY = "langgraph.after"
 """The checkpoint metadata key naming the checkpoint this one superseded (the one before it in the store's
 order), whose pending writes its state carries under ``"superseded"``."""
 
+LATE_MARK = "langgraph.late"
+"""The checkpoint metadata key (value ``"1"``) of a checkpoint whose carried writes (``superseded``) hold late
+writes, for a checkpoint before the one it superseded: a read finds them by this key near that checkpoint."""
+
+LATE_STATE = "late"
+"""The state field (``true``) of every checkpoint stored once a checkpoint of its thread carries late writes: a
+read of a thread whose latest has none never searches for them."""
+
 METADATA_PREFIX = "langgraph.meta."
 """The prefix of the checkpoint metadata keys that hold LangGraph's filterable metadata, one per top-level key."""
 
@@ -277,19 +285,43 @@ latest then): it names the checkpoint the write is for."""
 
 
 def late(write: PendingWrite, latest: str) -> PendingWrite:
-    """``write`` (for the checkpoint just before ``latest``) as a write stored against ``latest``, naming its own."""
+    """``write`` (for a checkpoint before ``latest``) as a write stored against ``latest``, naming its own."""
     return PendingWrite(checkpoint_id=latest, task_id=write.task_id, node_id=write.node_id,
                         payload={**write.payload, LATE_KEY: write.checkpoint_id})
 
 
 def own(held: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """Of the writes a checkpoint held, those for it (not late writes for the one before it)."""
+    """Of the writes a checkpoint held, those for it (not late writes for a checkpoint before it)."""
     return [item for item in held if not (isinstance(item[1], dict) and LATE_KEY in item[1])]
 
 
-def late_for(held: Iterable[tuple[str, Any]], checkpoint_id: str) -> list[tuple[str, Any]]:
-    """Of the writes a checkpoint held, the late writes for ``checkpoint_id`` (the one before it)."""
-    return [item for item in held if isinstance(item[1], dict) and item[1].get(LATE_KEY) == checkpoint_id]
+def late_of(held: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Of the writes a checkpoint held, the late writes (each naming its checkpoint under :data:`LATE_KEY`)."""
+    return [item for item in held if isinstance(item[1], dict) and isinstance(item[1].get(LATE_KEY), str)]
+
+
+def holds_late(writes: Iterable[PendingWrite]) -> bool:
+    """Whether any of the pending writes stored against a checkpoint is a late write for an earlier one."""
+    return any(isinstance(w.payload, dict) and LATE_KEY in w.payload for w in writes)
+
+
+def late_seen(checkpoint: Any) -> bool:
+    """Whether ``checkpoint`` (a threadloom checkpoint this saver stored) says a checkpoint of its thread, it or
+    an earlier one, carries late writes (:data:`LATE_STATE`)."""
+    state = getattr(checkpoint, "state", None)
+    return isinstance(state, dict) and state.get(LATE_STATE) is True
+
+
+def batch_order(item: tuple[str, Any]) -> int:
+    """The position of a write's ``put_writes`` call among its saver's calls (its batch's count), for ordering
+    a checkpoint's late writes, which one run sent, as they were sent."""
+    batch = item[1].get("batch") if isinstance(item[1], dict) else None
+    if isinstance(batch, str):
+        try:
+            return int(batch.rpartition("-")[2], 16)
+        except ValueError:
+            pass
+    return 0
 
 
 def superseded(writes: Iterable[PendingWrite], checkpoint_id: str) -> dict[str, Any]:
@@ -305,13 +337,24 @@ def carried(thread_id: str, successor: Any, checkpoint_id: str) -> list[tuple[st
     Raises:
         StoreCorrupt: the carried writes are not of the form :func:`superseded` gives.
     """
-    state = getattr(successor, "state", None)
+    found_id, writes = carried_by(thread_id, successor)
+    return writes if found_id == checkpoint_id else []
+
+
+def carried_by(thread_id: str, item: Any) -> tuple[str | None, list[tuple[str, Any]]]:
+    """The id of the checkpoint ``item`` superseded and the ``(task_id, payload)`` of the pending writes that one
+    held then (None and none when ``item`` carries none).
+
+    Raises:
+        StoreCorrupt: the carried writes are not of the form :func:`superseded` gives.
+    """
+    state = getattr(item, "state", None)
     found = state.get("superseded") if isinstance(state, dict) else None
-    if not isinstance(found, dict) or found.get("id") != checkpoint_id:
-        return []
+    if not isinstance(found, dict) or not isinstance(found.get("id"), str):
+        return None, []
     writes = found.get("writes")
     if not isinstance(writes, list) or not all(
-        isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) for item in writes
+        isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) for entry in writes
     ):
         raise StoreCorrupt("langgraph", f"thread {thread_id!r} carries pending writes that are not LangGraph's")
-    return [(item[0], item[1]) for item in writes]
+    return found["id"], [(entry[0], entry[1]) for entry in writes]

@@ -294,6 +294,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # its writes here, found by the metadata key (README "LangGraph", pending writes)
                 state["superseded"] = m.superseded(hold.writes, hold.latest)
                 filterable[m.SUPERSEDED_KEY] = hold.latest
+                if hold.holds_late:  # late writes for earlier checkpoints among them: found by this key
+                    filterable[m.LATE_MARK] = "1"
+            if hold.holds_late or hold.late_seen:
+                state[m.LATE_STATE] = True
             stored = Checkpoint(
                 id=checkpoint_id,
                 parent=hold.latest,
@@ -331,6 +335,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 if after is None or after.checkpoint.id != checkpoint_id:
                     hold.early[checkpoint_id] = early
                     raise
+            hold.late_seen = hold.late_seen or hold.holds_late
             hold.stored(checkpoint_id)
             hold.regular_tasks = m.regular_tasks(early)
             hold.writes = list(early)
@@ -345,9 +350,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Writes for the namespace's latest checkpoint are stored at once. Writes for a checkpoint this run has not
         stored yet (LangGraph may send them first) wait in memory and are committed with that checkpoint. Writes
-        for a checkpoint already superseded are accepted and not kept (a checkpoint keeps the writes it held when the
-        next one was stored: README "LangGraph"). A task's second execution never mixes its regular writes with the
-        first's (the first's are kept).
+        for one of the 64 checkpoints this run stored before the latest (LangGraph may send them after the next
+        checkpoints) are stored at once against the latest, naming their own, and read with their own (README
+        "LangGraph"); writes for an older checkpoint are accepted and not kept. A task's second execution never
+        mixes its regular writes with the first's (the first's are kept).
 
         Raises:
             ValidationError: a value the serializer cannot encode (nothing written); ThreadBusy, StaleClaim: as
@@ -371,20 +377,20 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # another run wrote the thread since this run read it: its writes name a view that is gone
                 raise CheckpointConflict(name, checkpoint_id, hold.latest)
             if checkpoint_id != hold.latest:
-                if checkpoint_id == hold.latest_parent():
-                    # late by one checkpoint (LangGraph's default durability may store the next checkpoint first):
-                    # kept against the latest, naming its own checkpoint, and carried with the latest's writes
-                    assert hold.latest is not None  # a latest has a parent
+                if hold.superseded(checkpoint_id):
+                    # late (LangGraph's default durability may store the next checkpoints first): kept against the
+                    # latest, naming its own checkpoint; the next checkpoint carries them, marked, and a read of
+                    # their checkpoint finds them there (README "LangGraph", pending writes)
+                    assert hold.latest is not None  # a superseded checkpoint has a latest after it
                     late = [m.late(write, hold.latest) for write in encoded]
                     fence = (thread_id, root_hold.token) if root_hold is not None else None
                     self._commit(hold, Commit(token=hold.token, pending_writes=late, fence=fence))
                     hold.writes.extend(late)
+                    hold.holds_late = True
                     return
-                if checkpoint_id in hold.committed:
-                    log.debug("langgraph.late_writes", thread_id=name, checkpoint_id=checkpoint_id, task_id=task_id)
-                    return
-                # early (its checkpoint is still to come) or late for a checkpoint stored before this hold: kept
-                # in memory until that checkpoint's put, told apart only when the hold ends (no read per write)
+                # early (its checkpoint is still to come), or late for a checkpoint stored before this hold or more
+                # than LATE_WINDOW checkpoints before the latest: kept in memory until that checkpoint's put, told
+                # apart only when the hold ends (no read per write; a late one is then reported, not kept)
                 hold.early.setdefault(checkpoint_id, []).extend(self._keep(encoded, m.regular_tasks(
                     hold.early.get(checkpoint_id, ()))))
                 return
@@ -420,9 +426,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Every checkpoint comes with its pending writes, as LangGraph's own savers return them: the latest with
         those stored so far, an earlier one with those it held when the next checkpoint was stored (carried by
-        that one, with the late writes the one after that carries; finding them costs up to two more store calls
-        per 1000 checkpoints between it and the latest, none for the latest's parent). A checkpoint of a run
-        removed by :meth:`delete_for_runs` is absent. Needs no claim.
+        that one), then the run's late writes for it (up to 64 checkpoints late, carried by the checkpoints after
+        it). Finding them costs one more store call per 1000 checkpoints between it and the latest, and at most
+        two more once the thread has a checkpoint that carries late writes; none for the latest's parent. A
+        checkpoint of a run removed by :meth:`delete_for_runs` is absent. Needs no claim.
         """
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
@@ -435,8 +442,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 return None
             if not self._hidden(name, {latest.checkpoint.run_id}):
                 return self._tuple(latest.checkpoint, m.own(_held(latest)))
-            for item, newer in self._walk(name, latest.checkpoint, None):
-                return self._tuple(item, self._writes_of(name, item.id, newer, None, latest)[0])
+            for item, _newer in self._walk(name, latest.checkpoint, None):
+                return self._tuple(item, self._writes_of(name, item.id, None, None, latest, _Late(name, latest)))
             return None
         v.check_id("checkpoint_id", wanted)
         if latest is not None and latest.checkpoint.id == wanted:
@@ -446,7 +453,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         found = self.store.checkpoint(name, wanted)
         if found is None or self._hidden(name, {found.run_id}):
             return None
-        return self._tuple(found, self._writes_of(name, wanted, None, None, latest)[0])
+        return self._tuple(found, self._writes_of(name, wanted, None, None, latest, _Late(name, latest)))
 
     def list(
         self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -469,8 +476,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         checkpoints and reads only those that match), so a filter that matches little costs one store call per
         1000 checkpoints; a checkpoint of a run removed by :meth:`delete_for_runs` is left out and the listing
         reads on until ``limit`` visible ones. Every checkpoint comes with its pending writes (as :meth:`get_tuple`;
-        unfiltered, they come with the page; filtered, a match whose next checkpoint is not also a match costs up
-        to two more store calls).
+        unfiltered, they come with the page; filtered, a match whose next checkpoint is not also a match costs a
+        search for that one, as :meth:`get_tuple`; ``before`` costs a search for the checkpoint after it and at
+        most three more calls).
 
         Raises:
             ValidationError: ``filter`` is not a mapping of at most 64 str keys to plain JSON values; ``limit``
@@ -542,13 +550,14 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             else:
                 found = self.store.checkpoint(name, only)
             if found is not None and visible(found) and wanted.items() <= found.metadata.items():
-                yield self._tuple(found, self._writes_of(name, only, None, None, latest)[0])
+                yield self._tuple(found, self._writes_of(name, only, None, None, latest, _Late(name, latest)))
             return
         cursor = after
-        # the checkpoint read just before (newer than) the next one, the writes it held (None: not known), and
-        # where a search for a successor starts
+        # the late writes found so far; unfiltered, the pages read every checkpoint from the top, which carry
+        # every late write of the checkpoints below them (with those found near before, when given)
+        late = _Late(name, latest, complete=not wanted)
+        # the checkpoint read just before (newer than) the next one, and where a search for a successor starts
         newer: Checkpoint | None = latest.checkpoint if latest is not None else None
-        held: builtins.list[tuple[str, Any]] | None = _held(latest) if latest is not None else None
         anchor: str | None = after
         while True:
             if wanted:
@@ -559,20 +568,31 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             shown = 0
             for item in matches.items:
                 if newer is None and after is not None:  # the first below before: before is the one after it
-                    newer = self.store.checkpoint(name, after)
+                    newer = self._near(name, after, late)
+                late.carrier(item)
                 if visible(item):
-                    writes, item_held = self._writes_of(name, item.id, newer, anchor, latest, held)
-                    yield self._tuple(item, writes)
+                    yield self._tuple(item, self._writes_of(name, item.id, newer, anchor, latest, late))
                     shown += 1
-                else:
-                    after_it = newer is not None and newer.parent == item.id
-                    item_held = m.carried(name, newer, item.id) if after_it else None
-                newer, anchor, held = item, item.id, item_held
+                newer, anchor = item, item.id
             if matches.next is None:
                 return
             cursor = matches.next
             if shown < len(matches.items):  # a removed run's checkpoints: read larger pages past them
                 page = min(2 * page, rules.MAX_PAGE)
+
+    def _near(self, name: str, before: str, late: _Late) -> Checkpoint | None:
+        """Checkpoint ``before`` (None: not there), read for a listing below it, with the late writes carried
+        near it added to ``late``: those the checkpoints after it carry for the ones below it (README
+        "LangGraph": the search for the one after it, and at most two more store calls)."""
+        found = self.store.checkpoint(name, before)
+        if found is not None:
+            late.carrier(found)
+            successor, windows = self._successor(name, before, None, None, None)
+            if successor is not None:
+                late.carrier(successor)
+            # none after it: it is the latest, which holds late writes for the ones below it
+            late.search(self.store, windows if successor is not None else (None,))
+        return found
 
     def _listing(
         self, name: str, first: StoredCheckpoint | None, after: str | None
@@ -621,56 +641,56 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     def _successor(
         self, name: str, checkpoint_id: str, newer: Checkpoint | None, anchor: str | None,
         latest: StoredCheckpoint | None,
-    ) -> Checkpoint | None:
-        """The checkpoint stored just after ``checkpoint_id`` (None: none found).
+    ) -> tuple[Checkpoint | None, tuple[str | None, ...]]:
+        """The checkpoint stored just after ``checkpoint_id`` (None: none found), and the ``before`` of the
+        search windows that hold the checkpoints up to 1000 after it (none when no search was made).
 
         ``newer`` is a checkpoint read already that may be it (so may the latest); else the store is searched for
         the checkpoint whose metadata names ``checkpoint_id`` superseded, from just older than ``anchor`` (None:
-        from the latest), one call per 1000 checkpoints examined.
+        from the latest), one call per 1000 checkpoints examined. The windows are that search's: the one it was
+        found in and the one before (the first window alone when it was found there).
         """
         if newer is not None and newer.parent == checkpoint_id:
-            return newer
+            return newer, ()
         if latest is not None and latest.checkpoint.parent == checkpoint_id:
-            return latest.checkpoint
+            return latest.checkpoint, ()
         cursor = anchor
+        windows: builtins.list[str | None] = []
         while True:
             try:
                 page = self.store.search_history(name, metadata={m.SUPERSEDED_KEY: checkpoint_id}, limit=1,
                                                  before=cursor)
             except CheckpointNotFound:
-                return None
+                return None, ()
+            windows.append(cursor)
             if page.items:
-                return page.items[0]
+                return page.items[0], tuple(windows[-2:])
             if page.next is None or page.next == checkpoint_id:
-                return None
+                return None, ()
             cursor = page.next
 
     def _writes_of(
         self, name: str, checkpoint_id: str, newer: Checkpoint | None, anchor: str | None,
-        latest: StoredCheckpoint | None, newer_held: builtins.list[tuple[str, Any]] | None = None,
-    ) -> tuple[builtins.list[tuple[str, Any]], builtins.list[tuple[str, Any]] | None]:
-        """The pending writes of checkpoint ``checkpoint_id`` as ``(task_id, payload)``, and every write it held.
+        latest: StoredCheckpoint | None, late: _Late,
+    ) -> builtins.list[tuple[str, Any]]:
+        """The pending writes of checkpoint ``checkpoint_id`` as ``(task_id, payload)``, in the order they were
+        stored.
 
         A checkpoint's writes are those it held when the next checkpoint was stored (that one carries them; the
-        latest holds its own), with the late ones for it that the next one held (README "LangGraph").
-        ``newer_held`` is what ``newer`` held, when known.
+        latest holds its own), then the late ones for it that the checkpoints after it held (README "LangGraph"):
+        at most ``LATE_WINDOW + 1`` after it, carried by checkpoints that ``late`` knows already or that a search
+        of the windows around the next one finds (at most two store calls, none when the thread's latest says no
+        checkpoint carries late writes).
         """
         if latest is not None and checkpoint_id == latest.checkpoint.id:
-            mine = _held(latest)
-            return m.own(mine), mine
-        successor = self._successor(name, checkpoint_id, newer, anchor, latest)
+            return m.own(_held(latest))
+        successor, windows = self._successor(name, checkpoint_id, newer, anchor, latest)
         if successor is None:
-            return [], None
-        mine = m.carried(name, successor, checkpoint_id)
-        if successor is newer and newer_held is not None:
-            then = newer_held
-        elif latest is not None and successor.id == latest.checkpoint.id:
-            then = _held(latest)
-        else:
-            # the next one's successor is newer than it: searched from above it
-            after = self._successor(name, successor.id, newer, None if successor.id == anchor else anchor, latest)
-            then = m.carried(name, after, successor.id) if after is not None else []
-        return m.own(mine) + m.late_for(then, checkpoint_id), mine
+            return []
+        late.carrier(successor)
+        if not late.complete:
+            late.search(self.store, windows)
+        return m.own(m.carried(name, successor, checkpoint_id)) + late.late_for(checkpoint_id)
 
     def _hidden(self, name: str, runs: set[str]) -> bool:
         return any(self.store.effect(name, m.DELETED_RUN_KEY + run) is not None for run in runs)
@@ -807,10 +827,15 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             with self._claimed(target) as token:
                 parent = self.store.latest(target)
                 parent_id = parent.checkpoint.id if parent is not None else None
+                # the target's own checkpoints may carry late writes: its copied ones say so too
+                late_seen = parent is not None and m.late_seen(parent.checkpoint)
                 for index, item in enumerate(items):
+                    state = item.state
+                    if late_seen and isinstance(state, dict) and not m.late_seen(item):
+                        state = {**state, m.LATE_STATE: True}
                     copied = Checkpoint(
                         id=item.id, parent=parent_id, thread_id=target, run_id=item.run_id, status=item.status,
-                        created_at=item.created_at, state=item.state, graph_id=item.graph_id,
+                        created_at=item.created_at, state=state, graph_id=item.graph_id,
                         tenant_id=self.tenant_id,
                         origin=CheckpointOrigin(parent_thread=target_thread_id) if ns else None,
                         metadata=item.metadata,
@@ -825,6 +850,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     hold.stored(parent_id)
                     hold.writes = list(writes) if items else []
                     hold.regular_tasks = m.regular_tasks(hold.writes)
+                    hold.holds_late = m.holds_late(hold.writes)
+                    hold.late_seen = late_seen or (bool(items) and m.late_seen(items[-1]))
                     self._holds.seen(target, parent_id)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -903,6 +930,75 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await self._run(functools.partial(self.prune, list(thread_ids), strategy=strategy))
+
+
+class _Late:
+    """The late writes one read of a namespace has found so far, by the checkpoint they are for.
+
+    A late write for checkpoint C is stored against the latest of the moment (at most ``LATE_WINDOW``
+    checkpoints after C), and the checkpoint after that one carries it, marked (metadata ``langgraph.late``).
+    ``complete``: the read has seen every checkpoint above the ones it asks about (a listing from the top), so it
+    never searches. ``search_needed`` is False when the namespace's latest says no checkpoint carries late writes
+    (True when the read has not read the latest).
+    """
+
+    def __init__(self, name: str, latest: StoredCheckpoint | None, *, complete: bool = False) -> None:
+        self.name = name
+        self.complete = complete
+        self.search_needed = latest is None or m.late_seen(latest.checkpoint)
+        self._holders: set[str] = set()
+        self._by_target: dict[str, builtins.list[tuple[str, Any]]] = {}
+        self._searched: set[str | None] = set()
+        self._latest_read = latest is not None
+        if latest is not None:
+            self.latest(latest)
+
+    def latest(self, latest: StoredCheckpoint) -> None:
+        """Adds the late writes the latest checkpoint holds and carries."""
+        self.held(latest.checkpoint.id, _held(latest))
+        self.carrier(latest.checkpoint)
+
+    def held(self, holder: str | None, writes: Sequence[tuple[str, Any]]) -> None:
+        """Adds the late writes among ``writes``, the pending writes checkpoint ``holder`` held."""
+        if holder is None or holder in self._holders:
+            return
+        self._holders.add(holder)
+        for item in m.late_of(writes):
+            self._by_target.setdefault(item[1][m.LATE_KEY], []).append(item)
+
+    def carrier(self, item: Checkpoint) -> None:
+        """Adds the late writes ``item`` carries (the checkpoint it superseded held them)."""
+        holder, writes = m.carried_by(self.name, item)
+        if writes:
+            self.held(holder, writes)
+
+    def search(self, store: Checkpointer, windows: Sequence[str | None]) -> None:
+        """Adds the late writes carried by the checkpoints of the search windows below each of ``windows`` (a
+        ``before``; None: from the latest, with those the latest holds), one store call per window not searched
+        before (and one to read the latest when not read yet)."""
+        if not self.search_needed:
+            return
+        for before in windows:
+            if before in self._searched:
+                continue
+            self._searched.add(before)
+            if before is None and not self._latest_read:
+                self._latest_read = True
+                latest = store.latest(self.name)
+                if latest is not None:
+                    self.latest(latest)
+            try:
+                page = store.search_history(self.name, metadata={m.LATE_MARK: "1"}, limit=rules.MAX_PAGE,
+                                            before=before)
+            except CheckpointNotFound:
+                continue  # pruned meanwhile: nothing to add
+            for item in page.items:
+                self.carrier(item)
+
+    def late_for(self, checkpoint_id: str) -> builtins.list[tuple[str, Any]]:
+        """The late writes found for ``checkpoint_id``, in the order the run sent them."""
+        found = self._by_target.get(checkpoint_id)
+        return sorted(found, key=m.batch_order) if found else []
 
 
 def _held(latest: StoredCheckpoint) -> builtins.list[tuple[str, Any]]:

@@ -159,12 +159,13 @@ def test_own_early_and_late_writes_are_accepted(two_stores) -> None:
         assert reader.get_tuple(first).pending_writes == [("task-late", "n", "late")]  # kept for its checkpoint
         third = a.put(second, generate_checkpoint(channel_values={"n": 2}, channel_versions={"n": 3}),
                       generate_metadata(step=2), {"n": 3})
-        a.put_writes(first, [("n", "later")], "task-later")  # two checkpoints late: accepted, not kept
+        a.put_writes(first, [("n", "later")], "task-later")  # two checkpoints late: kept for its checkpoint too
         assert [(t.checkpoint["id"], t.pending_writes) for t in reader.list(generate_config("t4"))] == [
             (third["configurable"]["checkpoint_id"], []),
             (second["configurable"]["checkpoint_id"], [("task-early", "n", "early")]),
-            (first["configurable"]["checkpoint_id"], [("task-late", "n", "late")]),
+            (first["configurable"]["checkpoint_id"], [("task-late", "n", "late"), ("task-later", "n", "later")]),
         ]
+        assert reader.get_tuple(first).pending_writes == [("task-late", "n", "late"), ("task-later", "n", "later")]
         reader.close()
     finally:
         a.close()
