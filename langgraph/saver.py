@@ -477,8 +477,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         1000 checkpoints; a checkpoint of a run removed by :meth:`delete_for_runs` is left out and the listing
         reads on until ``limit`` visible ones. Every checkpoint comes with its pending writes (as :meth:`get_tuple`;
         unfiltered, they come with the page; filtered, a match whose next checkpoint is not also a match costs a
-        search for that one, as :meth:`get_tuple`; ``before`` costs a search for the checkpoint after it and at
-        most three more calls).
+        search for that one, as :meth:`get_tuple`; ``before`` costs a read of it and of the latest, a search for
+        the checkpoint after it, and at most two more calls once the thread has a checkpoint that carries late
+        writes).
 
         Raises:
             ValidationError: ``filter`` is not a mapping of at most 64 str keys to plain JSON values; ``limit``
@@ -540,8 +541,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         """The visible checkpoints of ``name`` matching ``wanted`` (store metadata), newest first, below ``after``
         (or only checkpoint ``only``), read from the store ``page`` matches at a time."""
         visible = self._visibility(name)
-        latest = self.store.latest(name) if after is None else None
-        if after is None and latest is None:
+        # read below before too: the latest holds (and says whether any checkpoint carries) late writes
+        latest = self.store.latest(name)
+        if latest is None:
             return
         if only is not None:
             found: Checkpoint | None
@@ -557,7 +559,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         # every late write of the checkpoints below them (with those found near before, when given)
         late = _Late(name, latest, complete=not wanted)
         # the checkpoint read just before (newer than) the next one, and where a search for a successor starts
-        newer: Checkpoint | None = latest.checkpoint if latest is not None else None
+        newer: Checkpoint | None = latest.checkpoint if after is None else None
         anchor: str | None = after
         while True:
             if wanted:
@@ -568,7 +570,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             shown = 0
             for item in matches.items:
                 if newer is None and after is not None:  # the first below before: before is the one after it
-                    newer = self._near(name, after, late)
+                    newer = self._near(name, after, latest, late)
                 late.carrier(item)
                 if visible(item):
                     yield self._tuple(item, self._writes_of(name, item.id, newer, anchor, latest, late))
@@ -580,18 +582,20 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if shown < len(matches.items):  # a removed run's checkpoints: read larger pages past them
                 page = min(2 * page, rules.MAX_PAGE)
 
-    def _near(self, name: str, before: str, late: _Late) -> Checkpoint | None:
+    def _near(self, name: str, before: str, latest: StoredCheckpoint, late: _Late) -> Checkpoint | None:
         """Checkpoint ``before`` (None: not there), read for a listing below it, with the late writes carried
         near it added to ``late``: those the checkpoints after it carry for the ones below it (README
-        "LangGraph": the search for the one after it, and at most two more store calls)."""
+        "LangGraph": the search for the one after it, and at most two more store calls when the latest says a
+        checkpoint carries late writes)."""
+        if before == latest.checkpoint.id:
+            return latest.checkpoint  # ``late`` has what the latest holds and carries
         found = self.store.checkpoint(name, before)
         if found is not None:
             late.carrier(found)
-            successor, windows = self._successor(name, before, None, None, None)
+            successor, windows = self._successor(name, before, None, None, latest)
             if successor is not None:
                 late.carrier(successor)
-            # none after it: it is the latest, which holds late writes for the ones below it
-            late.search(self.store, windows if successor is not None else (None,))
+                late.search(self.store, windows)
         return found
 
     def _listing(

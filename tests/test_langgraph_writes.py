@@ -227,6 +227,11 @@ def test_an_earlier_checkpoints_writes_cost_a_bounded_search_and_pages_carry_the
         listed = list(saver.list(generate_config("deep"), limit=150))
         assert [_writes(t) for t in listed] == [[("m", str(s)), ("n", f"'w{s}'")] for s in range(1199, 1049, -1)]
         assert store.calls["search_history"] == 0  # a page's checkpoints carry each other's writes
+        store.calls.clear()
+        below = list(saver.list(generate_config("deep"), before=configs[600], limit=10))
+        assert [_writes(t) for t in below] == [[("m", str(s)), ("n", f"'w{s}'")] for s in range(599, 589, -1)]
+        # before and the latest read, the one after before searched for (599 above it: one call), nothing more
+        assert (store.calls["checkpoint"], store.calls["latest"], store.calls["search_history"]) == (1, 1, 1)
 
 
 def test_late_writes_of_an_earlier_checkpoint_cost_at_most_two_more_calls() -> None:
@@ -260,7 +265,8 @@ def test_late_writes_of_an_earlier_checkpoint_cost_at_most_two_more_calls() -> N
         store.calls.clear()
         below = list(saver.list(generate_config("deep"), before=configs[1000], limit=100))
         assert [_writes(t) for t in below] == [expected(s) for s in range(999, 899, -1)]
-        assert store.calls["search_history"] <= 1 + 2  # the one after before, and the late writes near it
+        # the one after before (one call over the 199 above it), and the late writes near it (one window)
+        assert store.calls["search_history"] == 2
         filtered = list(saver.list(generate_config("deep"), filter={"step": 36}))
         assert [_writes(t) for t in filtered] == [expected(36)]
 
