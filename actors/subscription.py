@@ -43,6 +43,9 @@ on a commit (README "asyncio"), so it needs no short poll; a store without a wat
 ``poll_interval`` inside the wait."""
 
 
+_Future = asyncio.Future  # a parked consumer's future, made directly (``loop.create_future`` adds a Python call)
+_running_loop = asyncio.get_running_loop
+
 FAN_SLICE = 256
 """How many subscriptions a tail hands a batch to before it yields to the event loop (see ``Tail._fan_out``)."""
 
@@ -327,9 +330,8 @@ class Subscription:
     ) -> bool:
         """Queues ``batch``; False when the watch must stop (cancelled, or ``until_run_end``'s end delivered).
 
-        A tail calls it once per subscription for every batch, from its ``loop``, with ``report_lag=False`` (it
-        tells the lag gauge once for all), so it takes the condition's lock directly (its ``with`` costs as much
-        again)."""
+        ``loop``: the running loop, when the caller knows it (else :meth:`_notify` asks). A tail delivers with
+        :meth:`_hand` instead."""
         reached = False
         cond = self._cond
         cond.acquire()
@@ -349,6 +351,48 @@ class Subscription:
             cond.release()
         if batch and report_lag and self._on_lag is not None:
             self._on_lag()
+        return not reached
+
+    def _hand(self, batch: list[EventRecord], loop: asyncio.AbstractEventLoop) -> bool:
+        """:meth:`_deliver` for a tail, from its ``loop``: queues what ``batch`` holds past the last queued event
+        and wakes the consumers (no lag report: the tail tells the gauge once for all). A thousand subscriptions
+        pass here for every batch, so it is :meth:`_deliver` and :meth:`_notify` in one call, and a batch with
+        nothing new wakes nobody. False when the watch must stop (cancelled, or ``until_run_end``'s end queued)."""
+        reached = False
+        cond = self._cond
+        cond.acquire()
+        try:
+            if self._cancelled:
+                return False
+            queue = self._queue
+            queued = self._queued_seq
+            until = self._until_run_end
+            for event in batch:
+                if event.seq > queued:  # never twice, whatever a store returns
+                    queue.append(event)
+                    queued = event.seq
+                    if event.run_id == until and event.type in END_EVENTS:
+                        reached = True
+                        break
+            if queued == self._queued_seq:
+                return True
+            self._queued_seq = queued
+            if self._blocked:
+                cond.notify_all()
+            parked = self._parked
+            if parked:  # as _notify, inlined: usually one future, parked on ``loop``
+                for future in parked:
+                    if future.get_loop() is loop:
+                        if not future.done():
+                            future.set_result(queue.popleft() if queue else None)
+                    else:
+                        try:
+                            future.get_loop().call_soon_threadsafe(_resolve, future)
+                        except RuntimeError:  # that loop closed: nobody waits on it any more
+                            pass
+                parked.clear()
+        finally:
+            cond.release()
         return not reached
 
     # -- the consumer -------------------------------------------------------------------------------------------
@@ -435,7 +479,7 @@ class Subscription:
                     if self._error is not None:
                         raise self._error
                     raise StopAsyncIteration
-                parked: asyncio.Future[EventRecord | None] = asyncio.get_running_loop().create_future()
+                parked: asyncio.Future[EventRecord | None] = _Future(loop=_running_loop())
                 self._parked.append(parked)
             finally:
                 cond.release()
@@ -602,18 +646,20 @@ class Tail:
         thousand pending wake-ups for the garbage collector to walk. The lag gauge is told once, at the end."""
         lag_reports: set[Callable[[], None]] = set()
         loop = asyncio.get_running_loop()
-        for index, subscription in enumerate(list(self._subscriptions)):
-            if index and not index % FAN_SLICE:
+        subscriptions = list(self._subscriptions)
+        for start in range(0, len(subscriptions), FAN_SLICE):
+            if start:
                 await asyncio.sleep(0)
-            if subscription._checked:  # the usual case: no coroutine per subscription
-                kept = subscription._deliver(batch, report_lag=False, loop=loop)
-                if subscription._on_lag is not None:
-                    lag_reports.add(subscription._on_lag)
-                if not kept:
+            for subscription in subscriptions[start : start + FAN_SLICE]:
+                if subscription._checked:  # the usual case: no coroutine per subscription
+                    on_lag = subscription._on_lag
+                    if on_lag is not None:
+                        lag_reports.add(on_lag)
+                    if subscription._hand(batch, loop):
+                        continue
                     subscription._end()
-            else:
-                kept = await subscription._take(batch, self.astore)
-            if not kept:
+                elif await subscription._take(batch, self.astore):
+                    continue
                 self.leave(subscription)
         for report in lag_reports:
             report()
