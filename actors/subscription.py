@@ -643,7 +643,9 @@ class Tail:
         consumer, no task or coroutine of its own. After every :data:`FAN_SLICE` subscriptions it yields to the
         loop, so the consumers woken so far run (and drop what their last wait held) before it wakes more: a
         commit to a thousand subscriptions neither delays the first consumers behind the last nor piles up a
-        thousand pending wake-ups for the garbage collector to walk. The lag gauge is told once, at the end."""
+        thousand pending wake-ups for the garbage collector to walk. It yields after the last slice too, so the
+        tail's next read (a pool thread, contending for the GIL) and the lag gauge (told once, at the end, when
+        the consumers took their events) come after every consumer woken ran."""
         lag_reports: set[Callable[[], None]] = set()
         loop = asyncio.get_running_loop()
         subscriptions = list(self._subscriptions)
@@ -661,6 +663,7 @@ class Tail:
                 elif await subscription._take(batch, self.astore):
                     continue
                 self.leave(subscription)
+        await asyncio.sleep(0)
         for report in lag_reports:
             report()
 
