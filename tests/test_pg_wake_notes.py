@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import psycopg
@@ -208,12 +209,27 @@ def test_async_subscriptions_joined_mid_stream_each_get_every_event_once_in_orde
         runtime.close()
 
 
+def _listen(conn: psycopg.Connection, store: PostgresCheckpointer, *, register: bool = True) -> None:
+    """LISTENs on the store's two channels, registered as a listener of its schema (tl_listen) in the same
+    transaction, as an outside program does (docs/operations.md)."""
+    statements = [sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in (store._config.events_channel,
+                                                                          store._config.channel)]
+    if register:
+        statements.append(sql.SQL("SELECT {}.tl_listen()").format(sql.Identifier(store._config.schema)))
+    conn.execute(sql.SQL("; ").join(statements))
+
+
+def _listeners(harness: PgHarness) -> list[int]:
+    with psycopg.connect(harness.dsn, autocommit=True) as conn:
+        query = sql.SQL("SELECT pid FROM {} ORDER BY pid").format(sql.Identifier(harness.schema, "listeners"))
+        return [row[0] for row in conn.execute(query).fetchall()]
+
+
 def test_a_commit_without_events_sends_no_notification(harness: PgHarness) -> None:
     inner = harness.open_pg()
     writer = Writer(inner, harness, "t")
     with psycopg.connect(harness.dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(inner._config.events_channel)))
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(inner._config.channel)))
+        _listen(conn, inner)
         writer.step("c1")
         writer.commit(events=_drafts(writer, ["a"]))
         writer.commit(events=_drafts(writer, [{"blob": "y" * 9000}]))
@@ -221,6 +237,46 @@ def test_a_commit_without_events_sends_no_notification(harness: PgHarness) -> No
     assert [channel for channel, _ in notes] == [inner._config.events_channel, inner._config.channel]
     assert notes[1][1] == "t"
     assert '"payload":"a"' in notes[0][1] and notes[0][1].startswith('[{"seq":1,')
+
+
+def test_commits_notify_only_while_a_listener_is_registered(harness: PgHarness) -> None:
+    inner = harness.open_pg()
+    writer = Writer(inner, harness, "t")
+    writer.step("c1")
+    with psycopg.connect(harness.dsn, autocommit=True) as unregistered:
+        _listen(unregistered, inner, register=False)
+        writer.commit(events=_drafts(writer, ["nobody registered"]))
+        assert list(unregistered.notifies(timeout=0.5, stop_after=1)) == []
+        with psycopg.connect(harness.dsn, autocommit=True) as registered:
+            _listen(registered, inner)
+            assert _listeners(harness) == [registered.info.backend_pid]
+            writer.commit(events=_drafts(writer, ["heard"]))
+            heard = [n.payload for n in registered.notifies(timeout=WAIT, stop_after=1)]
+            also = [n.payload for n in unregistered.notifies(timeout=WAIT, stop_after=1)]
+            assert len(heard) == 1 and '"payload":"heard"' in heard[0] and also == heard
+        # the registration of a session that ended is removed by the next one
+        with psycopg.connect(harness.dsn, autocommit=True) as again:
+            _listen(again, inner)
+            assert _listeners(harness) == [again.info.backend_pid]
+
+
+def test_a_listening_store_registers_and_removes_its_registration_when_closed(harness: PgHarness) -> None:
+    store = harness.open_pg()
+    other = harness.sibling()
+    writer = Writer(other, harness, "t")
+    writer.step("c1")
+    assert _listeners(harness) == []
+    assert store.await_events_after("t", 0, 10, timedelta(0)) == []  # a read: no listener yet
+    records = writer.emit(1)
+    assert store.await_events_after("t", 0, 10, timedelta(seconds=WAIT)) == records  # starts the listener
+    asyncio.run(wait_until(store._listener.ready.is_set, "the listener to listen"))
+    assert _listeners(harness) == [store._listener.backend_pid]
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(store.await_events_after, "t", records[-1].seq, 10, LONG)
+        more = writer.emit(1)
+        assert later.result(timeout=WAIT) == more
+    store.close()
+    assert _listeners(harness) == []
 
 
 def test_the_events_channel_fits_a_long_schema_name() -> None:

@@ -668,7 +668,8 @@ class FaultBench:
         self.reads = []
         for table, names in self.admin.execute(
             "SELECT table_name, array_agg(column_name::text ORDER BY ordinal_position) FROM information_schema.columns"
-            " WHERE table_schema = %s AND table_name <> 'schema_version' AND data_type NOT LIKE 'timestamp%%'"
+            " WHERE table_schema = %s AND table_name NOT IN ('schema_version', 'listeners')"
+            " AND data_type NOT LIKE 'timestamp%%'"
             " AND column_name <> ALL(%s) GROUP BY table_name",
             (schema, list(VOLATILE)),
         ).fetchall():

@@ -4,8 +4,8 @@ The store (:mod:`~threadloom.persistence.postgres.store`), its run queue (:mod:`
 and the migrations (:mod:`~threadloom.persistence.postgres.schema`) all call through one ``Database``; none
 reaches into another's internals. Its interface, internal to the package:
 
-* :meth:`Database.render` - a SQL template with ``{s}`` (the schema), ``{channel}`` (the notification channel)
-  and ``{queue_lock}`` filled in, quoted by ``psycopg.sql``;
+* :meth:`Database.render` - a SQL template with ``{s}`` (the schema), ``{channel}`` (the notification channel),
+  ``{queue_lock}`` and ``{listen_lock}`` filled in, quoted by ``psycopg.sql``;
 * :meth:`Database.call` - one statement as one transaction in one round trip, under the call bound, its errors
   mapped by :func:`~threadloom.persistence.postgres.errors.map_error`;
 * :meth:`Database.checkout`, :meth:`Database.give_back`, :meth:`Database.error` and ``watchdog`` - for a caller
@@ -48,7 +48,7 @@ from threadloom.domain.errors import StoreClosed, ThreadloomError
 from threadloom.persistence.postgres import conninfo
 from threadloom.persistence.postgres.config import PostgresCheckpointerConfig
 from threadloom.persistence.postgres.errors import map_error
-from threadloom.persistence.postgres.sql import QUEUE_LOCK_CLASS
+from threadloom.persistence.postgres.sql import LISTEN_LOCK_CLASS, QUEUE_LOCK_CLASS
 from threadloom.persistence.postgres.watchdog import Watchdog
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,13 +159,14 @@ class Database:
             "channel": sql.Literal(config.channel),
             "events_channel": sql.Literal(config.events_channel),
             "queue_lock": sql.Literal(QUEUE_LOCK_CLASS),
+            "listen_lock": sql.Literal(LISTEN_LOCK_CLASS),
         }
         self._sql = sql
         self._binary: dict[str, str] = {}
 
     def render(self, template: str) -> str:
-        """``template`` with ``{s}``, ``{channel}``, ``{events_channel}`` and ``{queue_lock}`` filled in (literal
-        braces doubled)."""
+        """``template`` with ``{s}``, ``{channel}``, ``{events_channel}``, ``{queue_lock}`` and ``{listen_lock}``
+        filled in (literal braces doubled)."""
         return self._sql.SQL(template).format(**self._values).as_string(None)
 
     def cursor(self, conn: Any) -> Any:

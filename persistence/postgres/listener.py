@@ -2,11 +2,13 @@
 
 A commit whose events fit a notification sends them on the schema's events channel at COMMIT (a JSON array of
 their stored texts, in ``seq`` order); a bigger commit, and a delete, ``pg_notify`` the schema's channel with the
-thread id. The store's :class:`Listener` owns one dedicated connection (never a pooled one) on a thread of its
-own, listens on both, and wakes the :class:`Waiters` of the named thread, handing them the events a notification
-carried. A notification is only a hint: a waiter whose position the carried events do not continue re-reads, and
-so does any waiter told only the thread id; a lost one costs at most the wait's timeout; whenever the listener
-(re-)establishes its connection it wakes every waiter, since notifications sent while it was down are lost.
+thread id - but only while a listener is registered on the schema (``tl_listen``, sent with the ``LISTEN`` and
+committed with it: a commit nobody listens for sends nothing, so commits need not wait for each other's
+notification). The store's :class:`Listener` owns one dedicated connection (never a pooled one) on a thread of its
+own, listens on both, registers, and wakes the :class:`Waiters` of the named thread, handing them the events a
+notification carried. A notification is only a hint: a waiter whose position the carried events do not continue
+re-reads, and so does any waiter told only the thread id; a lost one costs at most the wait's timeout; whenever the
+listener (re-)establishes its connection it wakes every waiter, since notifications sent while it was down are lost.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class Listener:
     ``on_notify(thread_id)`` and ``on_ready()`` run on the listener's thread: the first for each notification
     on ``channel``, the second whenever the connection is (re-)established or lost (waiters then re-read or fall
     back to polling). With ``events_channel``, ``on_events(payload)`` runs for each notification on that channel.
-    ``ready`` is set while the connection listens; ``backend_pid`` names its server process.
+    ``register`` is a statement sent in the same message as the ``LISTEN`` (one transaction): the schema's
+    ``tl_listen()``. ``ready`` is set while the connection listens; ``backend_pid`` names its server process (the
+    latest one, also once the connection is gone: what the registration names).
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class Listener:
         *,
         events_channel: str | None = None,
         on_events: Callable[[str], None] | None = None,
+        register: str | None = None,
     ) -> None:
         self._connect = connect
+        self._register = register
         self._channel = channel
         self._events_channel = events_channel
         self._on_events = on_events
@@ -120,8 +126,12 @@ class Listener:
                     self._conn = conn
                 events_channel, on_events = self._events_channel, self._on_events
                 channels = [self._channel] if events_channel is None else [self._channel, events_channel]
-                # One request for every channel: the connection listens on all of them once it is answered.
-                conn.execute(sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels))
+                # One request for every channel and the registration: one transaction, so the connection listens on
+                # all of them, registered, once it is answered.
+                statements = [sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels]
+                if self._register is not None:
+                    statements.append(sql.SQL(self._register))  # type: ignore[arg-type]  # rendered by the store
+                conn.execute(sql.SQL("; ").join(statements))
                 self.backend_pid = conn.info.backend_pid
                 self.ready.set()
                 backoff = 0.05

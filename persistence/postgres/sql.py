@@ -27,6 +27,11 @@ QUEUE_LOCK_CLASS = 1953263985
 the second is ``hashtext(thread_id)``. Enqueue and finish take it, so a thread's head is decided by one writer
 at a time. A hash collision only makes two threads' enqueues wait for each other."""
 
+LISTEN_LOCK_CLASS = 1953262707
+"""First key of the transaction-level advisory lock between commits and listeners (``'tlls'``); the second is
+``hashtext`` of the schema's channel. A commit with events holds it in share mode; ``tl_listen`` takes it in
+exclusive mode, so a listener registers between commits (migrations/functions/listeners.sql)."""
+
 BOOTSTRAP = """
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE IF NOT EXISTS {s}.schema_version (
@@ -56,6 +61,10 @@ COMMIT = (
 """Answers the first event number when applied, else NULL and what each commit check read, or the latest checkpoint
 to derive a commit's stamp from (functions/commit.sql)."""
 DELETE = "SELECT code, n FROM {s}.tl_delete(%s, %s, %s, %s)"
+LISTEN_REGISTER = "SELECT {s}.tl_listen()"
+"""Registers the session as a listener of the schema (sent with its ``LISTEN``, in one transaction)."""
+UNLISTEN = "DELETE FROM {s}.listeners WHERE pid = %s"
+"""Removes a closed store's listener registration (its listening session's backend pid)."""
 COMPACT = "SELECT {s}.tl_compact(%s, %s)"
 PRUNE = "SELECT {s}.tl_prune(%s, %s, %s, %s)"
 SWEEP = "SELECT pruned, reclaimed FROM {s}.tl_sweep(%s, %s, %s, %s, %s, %s)"
@@ -230,11 +239,11 @@ STAMP_WALK = (
     "set_config('synchronous_commit', 'off', true)"
 )
 """``STAMP`` fenced by a walk lease: its transaction commits without waiting for its WAL flush (``synchronous_commit``
-off for that transaction only), so a walk adds no flush to the live commits' (those with events wait for each other's,
-PostgreSQL serializing them on its notification queue). The next commit flushed makes the stamp durable with it: the
-walk's record of a page, committed synchronously after the page's stamps, always does. A server crash may lose the
-last stamps before it; the walk resumes at its recorded cursor and stamps them again, and reads fail closed on rows
-without a stamp of the current schema meanwhile."""
+off for that transaction only), so a walk adds no flush to the live commits' (those with events wait for each other's
+while a store listens, PostgreSQL serializing them on its notification queue). The next commit flushed makes the
+stamp durable with it: the walk's record of a page, committed synchronously after the page's stamps, always does. A
+server crash may lose the last stamps before it; the walk resumes at its recorded cursor and stamps them again, and
+reads fail closed on rows without a stamp of the current schema meanwhile."""
 HEARTBEAT = "SELECT {s}.tl_heartbeat(%s, %s, %s::jsonb, %s)"
 
 STAMP_SOURCE = """

@@ -55,6 +55,7 @@ from threadloom.domain.errors import (
     StoreCorrupt,
     StoreUnavailable,
     ThreadBusy,
+    ThreadloomError,
     ValidationError,
 )
 from threadloom.domain.values import (
@@ -188,6 +189,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
             db.config.schema,
             events_channel=db.config.events_channel,
             on_events=self._carried,
+            register=db.render(q.LISTEN_REGISTER),
         )
         self.queue = PostgresRunQueue(self, db)
 
@@ -680,8 +682,16 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         return Wakeups(self._waiters, start=self._listener.start, listening=self._listener.ready.is_set)
 
     def _close(self) -> None:
+        # A listening store removes its registration, so commits stop notifying for it (only while it listens, so
+        # the server was reachable just now; a row left behind is removed by the next registration on the schema).
+        registered = self._listener.backend_pid if self._listener.ready.is_set() else None
         self._listener.stop()
         self._waiters.wake_all()
+        if registered is not None:
+            try:
+                self._db.call("close", None, self._db.render(q.UNLISTEN), (registered,), write=True)
+            except ThreadloomError:
+                pass
         self._db.close()
 
 

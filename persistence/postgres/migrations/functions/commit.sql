@@ -1,4 +1,5 @@
--- commit (version 12: a commit's notification carries its events when they fit; version 11: a new checkpoint
+-- commit (version 13: a commit notifies only while a listener is registered (tl_listen), and runs fewer statements;
+-- version 12: a commit's notification carries its events when they fit; version 11: a new checkpoint
 -- numbers its pending writes from 1 again; version 10: the checkpoint's metadata in a column of its own; version 9:
 -- a commit without a checkpoint re-stamps a thread an older schema stamped, in its own transaction; version 7:
 -- access stamps; version 5 a retract_turn commit's parent against the newest settled checkpoint instead of the
@@ -33,7 +34,13 @@
 -- or re-read by the client.
 --
 -- Notification (at COMMIT): a commit with events sends them, as a JSON array of their stored texts in seq order,
--- on {events_channel} when that payload is under 8000 bytes (pg_notify's limit), else the thread id on {channel}.
+-- on {events_channel} when that payload is under 8000 bytes (pg_notify's limit), else the thread id on {channel} -
+-- but only while a listener is registered in {s}.listeners (functions/listeners.sql). PostgreSQL serializes every
+-- transaction that notifies, from its notification to the end of its commit (its WAL flush included), so commits
+-- that notify cannot share a flush; a commit nobody listens for does not notify, and concurrent commits flush
+-- together. The commit takes the listener lock in share mode before it reads anything, and holds it to its end: a
+-- listener registers under the same lock in exclusive mode, so it waits for the commits that did not see it, and
+-- every later commit sees it (read after the lock; the listener's LISTEN is committed with its registration).
 --
 -- Pending writes are numbered (idx) per checkpoint, from 1: a new checkpoint deletes the old one's and numbers its
 -- own from 1 again, so its insert meets the deleted keys' index entries in the primary key's uniqueness check, which
@@ -60,12 +67,16 @@ DECLARE
     v_pw bigint;
     v_note text;
 BEGIN
+    IF v_events > 0 THEN  -- before anything is read: a listener registering now waits for this commit to end
+        PERFORM pg_advisory_xact_lock_shared({listen_lock}, hashtext({channel}));
+    END IF;
     IF p_fence IS NOT NULL THEN
         PERFORM 1 FROM {s}.threads WHERE thread_id IN (p_thread, p_fence) ORDER BY thread_id FOR UPDATE;
         SELECT claim_token INTO fence_current FROM {s}.threads WHERE thread_id = p_fence;
     END IF;
     SELECT th.claim_token, th.latest_pos, th.latest_id, th.next_seq, th.next_pos, th.next_pw, th.stamped_at,
-           th.graph_id, th.access_schema, th.access_tenant, th.access_attrs
+           th.graph_id, th.access_schema, th.access_tenant, th.access_attrs,
+           v_events > 0 AND EXISTS (SELECT 1 FROM {s}.listeners) AS listening
         INTO r FROM {s}.threads th WHERE th.thread_id = p_thread FOR UPDATE;
     current := r.claim_token;
     latest := r.latest_id;
@@ -84,7 +95,7 @@ BEGIN
     IF current IS DISTINCT FROM p_token
         OR (p_fence IS NOT NULL AND fence_current IS DISTINCT FROM p_fence_token)
         OR (p_cp_id IS NOT NULL AND (p_cp_parent IS DISTINCT FROM base OR duplicate))
-        OR EXISTS (SELECT 1 FROM unnest(p_pw_cps) AS u(cp) WHERE u.cp IS DISTINCT FROM v_result)
+        OR NOT coalesce(v_result = ALL (p_pw_cps), p_pw_cps IS NULL)  -- a pending write names another
         OR (p_retract AND p_cp_id IS NULL) THEN
         RETURN;
     END IF;
@@ -123,12 +134,19 @@ BEGIN
                 WHERE NOT EXISTS (SELECT 1 FROM {s}.children c WHERE c.parent = p_cp_origin AND c.child = p_thread);
         END IF;
     END IF;
-    IF v_pws > 0 THEN
+    IF v_pws = 1 THEN  -- one row: no function scan to set up
+        INSERT INTO {s}.pending_writes (thread_id, idx, body, access_schema, access_tenant, access_attrs)
+            VALUES (p_thread, v_pw, p_pw_bodies[1], p_access_schema, p_access_tenant, p_access_attrs);
+    ELSIF v_pws > 1 THEN
         INSERT INTO {s}.pending_writes (thread_id, idx, body, access_schema, access_tenant, access_attrs)
             SELECT p_thread, v_pw + u.o - 1, u.b, p_access_schema, p_access_tenant, p_access_attrs
             FROM unnest(p_pw_bodies) WITH ORDINALITY AS u(b, o);
     END IF;
-    IF v_events > 0 THEN
+    IF v_events = 1 THEN
+        INSERT INTO {s}.events (thread_id, seq, committed_at, body, access_schema, access_tenant, access_attrs)
+            VALUES (p_thread, r.next_seq, v_stamp, '{{"seq":' || r.next_seq || ',' || p_ev_bodies[1],
+                    p_access_schema, p_access_tenant, p_access_attrs);
+    ELSIF v_events > 1 THEN
         INSERT INTO {s}.events (thread_id, seq, committed_at, body, access_schema, access_tenant, access_attrs)
             SELECT p_thread, r.next_seq + u.o - 1, v_stamp, '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e,
                    p_access_schema, p_access_tenant, p_access_attrs
@@ -158,10 +176,14 @@ BEGIN
         UPDATE {s}.threads SET next_seq = next_seq + v_events, next_pw = next_pw + v_pws, stamped_at = v_stamp
             WHERE thread_id = p_thread;
     END IF;
-    IF v_events > 0 THEN  -- the events themselves when they fit a notification, else the thread id: read them
-        v_note := '[' || array_to_string(ARRAY(
+    IF r.listening THEN  -- the events themselves when they fit a notification, else the thread id: read them
+        IF v_events = 1 THEN
+            v_note := '[{{"seq":' || r.next_seq || ',' || p_ev_bodies[1] || ']';
+        ELSE
+            v_note := '[' || array_to_string(ARRAY(
             SELECT '{{"seq":' || (r.next_seq + u.o - 1) || ',' || u.e
             FROM unnest(p_ev_bodies) WITH ORDINALITY AS u(e, o) ORDER BY u.o), ',') || ']';
+        END IF;
         IF octet_length(v_note) < 8000 THEN
             PERFORM pg_notify({events_channel}, v_note);
         ELSE
