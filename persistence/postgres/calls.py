@@ -37,7 +37,9 @@ How a call runs:
 
 from __future__ import annotations
 
+import functools
 import select
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -106,6 +108,52 @@ def ended_while_idle(conn: Any) -> bool:
         return bool(readable)
     except Exception:  # no socket: it is not usable either
         return True
+
+
+class TextArray(list[str]):
+    """A list of str sent as a ``text[]`` parameter; on the store's own pool in PostgreSQL's binary array format,
+    built at once (:func:`text_array_dumper`), without psycopg's per-call look at the elements of a plain list.
+
+    Anywhere else (a caller's pool, text parameters) it is dumped as the list it is.
+    """
+
+    __slots__ = ()
+
+
+_TEXT_OID = 25
+_TEXT_ARRAY_OID = 1009
+_ARRAY_HEAD = struct.Struct("!iiIii")  # dimensions (1), has-nulls (0), element type, length, lower bound (1)
+_EMPTY_ARRAY = struct.pack("!iiI", 0, 0, _TEXT_OID)  # no dimension: an empty text[]
+_LENGTH = struct.Struct("!i")
+
+
+@functools.cache
+def text_array_dumper() -> type[Any]:
+    """The psycopg binary dumper of :class:`TextArray` (its elements str, none None), registered on each connection
+    of the store's own pool: ``conn.adapters.register_dumper(TextArray, text_array_dumper())``."""
+    from psycopg import adapt, pq
+
+    class TextArrayDumper(adapt.Dumper):
+        format = pq.Format.BINARY
+        oid = _TEXT_ARRAY_OID
+
+        def __init__(self, cls: type, context: Any = None) -> None:
+            super().__init__(cls, context)
+            conn = self.connection
+            self._encoding = conn.info.encoding if conn is not None else "utf-8"
+
+        def dump(self, obj: Any) -> bytes:
+            if not obj:
+                return _EMPTY_ARRAY
+            encoding, length = self._encoding, _LENGTH.pack
+            parts = [_ARRAY_HEAD.pack(1, 0, _TEXT_OID, len(obj), 1)]
+            for text in obj:
+                data = text.encode(encoding)
+                parts.append(length(len(data)))
+                parts.append(data)
+            return b"".join(parts)
+
+    return TextArrayDumper
 
 
 def as_utc(when: datetime) -> datetime:

@@ -90,7 +90,13 @@ from threadloom.persistence.postgres.access import (
     declared_hashes,
     moving_latest,
 )
-from threadloom.persistence.postgres.calls import ConnectFailures, Database, as_utc
+from threadloom.persistence.postgres.calls import (
+    ConnectFailures,
+    Database,
+    TextArray,
+    as_utc,
+    text_array_dumper,
+)
 from threadloom.persistence.postgres.check import check as check_store
 from threadloom.persistence.postgres.config import (
     MAX_CALL_TIMEOUT,
@@ -253,6 +259,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
             from psycopg import ClientCursor
 
             ClientCursor(conn).execute(settings)
+            conn.adapters.register_dumper(TextArray, text_array_dumper())
 
         kwargs = {"autocommit": True, "connect_timeout": max(2, math.ceil(config.connect_timeout.total_seconds()))}
         failures = ConnectFailures()
@@ -419,11 +426,11 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
                 else (None,) * 9
             ),
             encoded.retract_turn,
-            [write.checkpoint_id for write in encoded.pending_writes],
-            [write.text for write in encoded.pending_writes],
-            [_unnumbered(event) for event in encoded.events],
-            [effect.key for effect in encoded.effects],
-            [effect.text for effect in encoded.effects],
+            TextArray([write.checkpoint_id for write in encoded.pending_writes]),
+            TextArray([write.text for write in encoded.pending_writes]),
+            TextArray([_unnumbered(event) for event in encoded.events]),
+            TextArray([effect.key for effect in encoded.effects]),
+            TextArray([effect.text for effect in encoded.effects]),
             self._jsonb(encoded.metadata) if encoded.metadata else None,
         )
         stamp: tuple[Any, Any, Any] = encoded.stamp or (None, None, None)
