@@ -425,6 +425,8 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
                     " ADD COLUMN access_tenant text, ADD COLUMN access_attrs jsonb"
                 )
             conn.execute(f'ALTER TABLE "{harness.schema}".checkpoints ADD COLUMN metadata jsonb')  # and (10) metadata
+            conn.execute(f'CREATE TABLE "{harness.schema}".listeners (pid integer PRIMARY KEY,'  # and (13) listeners
+                         " since timestamptz NOT NULL DEFAULT clock_timestamp())")
         r1 = _commit_run(old, "t1", "r1", None, 2)
         later = _commit_run(old, "t1", "r2", r1[-1], 2)
         with pytest.raises(StoreCorrupt) as caught:  # the previous code's schema has no queue functions

@@ -4,7 +4,7 @@
 -- answers as version 12) notifies only while a listener is registered, and runs fewer statements (one pending
 -- write or event is inserted without a function scan; the pending writes' check is one expression).
 
-CREATE TABLE {s}.listeners (
+CREATE TABLE IF NOT EXISTS {s}.listeners (
     pid integer PRIMARY KEY,
     since timestamptz NOT NULL DEFAULT clock_timestamp()
 );
