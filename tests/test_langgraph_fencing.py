@@ -442,3 +442,57 @@ def test_a_put_whose_outcome_is_unknown_learns_it_from_the_store(tmp_path) -> No
     finally:
         saver.close()
         store.close()
+
+
+def test_when_a_losing_run_learns_the_thread_is_busy_depends_on_durability(two_stores) -> None:
+    """README "LangGraph": with LangGraph's default durability the writes run in the background, so the losing
+    run's nodes all run before its ThreadBusy surfaces (found by a new user); with ``durability="sync"`` or inside
+    ``hold`` it comes before the first node. Either way nothing of the losing run is kept."""
+    from typing import TypedDict
+
+    from langgraph.graph import END, StateGraph
+    from langgraph.graph import START as GRAPH_START
+
+    class State(TypedDict):
+        n: int
+
+    ran: list[str] = []
+
+    def step(name: str):
+        def node(state: State) -> State:
+            ran.append(name)
+            return {"n": state["n"] + 1}
+
+        return node
+
+    def graph(saver):
+        builder = StateGraph(State)
+        builder.add_node("one", step("one"))
+        builder.add_node("two", step("two"))
+        builder.add_edge(GRAPH_START, "one")
+        builder.add_edge("one", "two")
+        builder.add_edge("two", END)
+        return builder.compile(checkpointer=saver)
+
+    a = ThreadloomSaver(two_stores[0], idle_release=timedelta(seconds=60))
+    b = ThreadloomSaver(two_stores[1])
+    config = {"configurable": {"thread_id": "busy"}}
+    try:
+        graph(a).invoke({"n": 0}, config)  # A's run holds the thread for idle_release after its last write
+        kept = _ids(b, "busy")
+        ran.clear()
+        with pytest.raises(ThreadBusy):
+            graph(b).invoke({"n": 10}, config)  # LangGraph's default durability: the writes in the background
+        assert ran == ["one", "two"]  # the nodes ran before the error surfaced
+        assert _ids(b, "busy") == kept  # and nothing of B's run was kept
+        ran.clear()
+        with pytest.raises(ThreadBusy):
+            graph(b).invoke({"n": 10}, config, durability="sync")
+        assert ran == []  # the first write (before the first node) failed
+        with pytest.raises(ThreadBusy):
+            with b.hold("busy"):
+                graph(b).invoke({"n": 10}, config)
+        assert ran == [] and _ids(b, "busy") == kept
+    finally:
+        a.close()
+        b.close()
