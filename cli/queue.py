@@ -34,9 +34,9 @@ from threadloom.domain.validation import MAX_DURATION
 from threadloom.domain.values import CheckpointStatus
 from threadloom.persistence.queue import RunQueue, cancel_entry, queue_of
 
-STATES = ("open", "leased", "done", "failed")
+STATES = ("open", "leased", "completed", "failed", "done")
 """The choices of ``queue list --state``: open (not finished, leased or not), leased (open and a lease names a
-holder, live or expired), done (completed), failed."""
+holder, live or expired), completed, failed; ``done`` is an older name of ``completed``, still accepted."""
 
 SCAN_PAGES = 20
 """``queue list`` with ``--tenant`` or ``--state leased`` reads at most this many pages of 1000 entries to fill its
@@ -89,7 +89,11 @@ def _iso(when: datetime | None) -> str | None:
 
 
 def entry_json(entry: QueueEntry, now: datetime) -> dict[str, Any]:
-    """An entry as a JSON object (times ISO 8601 by the store's clock; ``state`` as :func:`entry_state`)."""
+    """An entry as a JSON object (times ISO 8601 by the store's clock; ``state`` as :func:`entry_state`).
+
+    ``attempts`` counts every lease; ``refunded`` those handed back by a worker that stopped (not a try), and
+    ``counted_attempts`` (their difference) is what ``ServePolicy.max_attempts`` limits.
+    """
     return {
         "entry_id": entry.entry_id,
         "thread_id": entry.thread_id,
@@ -98,6 +102,8 @@ def entry_json(entry: QueueEntry, now: datetime) -> dict[str, Any]:
         "status": entry.status.value,
         "state": entry_state(entry, now),
         "attempts": entry.attempts,
+        "refunded": entry.refunded,
+        "counted_attempts": entry.counted_attempts,
         "run_ids": list(entry.run_ids),
         "leased_by": entry.leased_by,
         "lease_expires_at": _iso(entry.lease_expires_at),
@@ -105,6 +111,7 @@ def entry_json(entry: QueueEntry, now: datetime) -> dict[str, Any]:
         "available_at": _iso(entry.available_at),
         "finished_at": _iso(entry.finished_at),
         "error": entry.error,
+        "retried_as": entry.retried_as,
         "input": entry.input,
     }
 
@@ -119,8 +126,8 @@ def list_entries(
     queue: RunQueue, *, state: str | None, tenant: str | None, all_tenants: bool, limit: int, after: int
 ) -> tuple[list[QueueEntry], int | None]:
     """Up to ``limit`` entries after ``after`` that match, ascending, and the cursor of the next page (or None)."""
-    status = {"open": EntryStatus.OPEN, "leased": EntryStatus.OPEN, "done": EntryStatus.COMPLETED,
-              "failed": EntryStatus.FAILED}.get(state or "")
+    status = {"open": EntryStatus.OPEN, "leased": EntryStatus.OPEN, "completed": EntryStatus.COMPLETED,
+              "done": EntryStatus.COMPLETED, "failed": EntryStatus.FAILED}.get(state or "")
     found: list[QueueEntry] = []
     cursor = after
     for _ in range(SCAN_PAGES):
@@ -147,7 +154,8 @@ def queue() -> None:
 
 @queue.command(name="list")
 @click.option("--state", "wanted", type=click.Choice(STATES, case_sensitive=False), default=None,
-              help="Only entries in this state (leased: open with a lease, live or expired).")
+              help="Only entries in this state, as the table shows it (leased: open with a lease, live or "
+                   "expired; done: the same as completed).")
 @click.option("--tenant", default=None, metavar="TENANT", help="Only this tenant's entries.")
 @click.option("--limit", type=click.IntRange(1, rules.MAX_PAGE), default=50, show_default=True,
               help="Entries per page.")
@@ -167,6 +175,8 @@ def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, lim
     state = state_of(ctx)
     q = _queue(state, read_only=True)
     wanted = wanted.lower() if wanted else None
+    if wanted == "done":  # the older name of the state the table shows as completed
+        wanted = "completed"
     now = q.depth().read_at  # the store's clock: the one that stamped the entries' times
     items, cursor = list_entries(
         q, state=wanted, tenant=tenant, all_tenants=tenant is None, limit=limit, after=after
@@ -200,24 +210,37 @@ def _unknown_entry(state: CliState, entry_id: int) -> CliError:
     return CliError(f"unknown run-queue entry {entry_id} in {state.safe_url}", kind="UnknownEntry")
 
 
+def _check_retriable(state: CliState, entry_id: int, entry: QueueEntry | None) -> None:
+    """Raises the CliError (exit 1) that says why ``entry`` cannot be retried; returns if it can."""
+    if entry is None:
+        raise _unknown_entry(state, entry_id)
+    if entry.status is not EntryStatus.FAILED:
+        why = "it is open: a worker runs it when it leases it" if entry.open else "it completed"
+        raise CliError(f"entry {entry_id} is not retried: {why}", kind="InvalidEntryState")
+    if entry.retried_as is not None:
+        raise CliError(
+            f"entry {entry_id} is not retried: it was retried already, as entry {entry.retried_as}",
+            kind="InvalidEntryState",
+        )
+
+
 @queue.command()
 @click.argument("entry_id", metavar="ENTRY", type=click.IntRange(min=1))
 @click.pass_context
 def retry(ctx: click.Context, entry_id: int) -> None:
     """Enqueue a failed ENTRY again: a new entry with its thread, graph, input and tenant.
 
+    An entry is retried once: the store records the new entry on the failed one in the same transaction, so a
+    second retry (even a concurrent one) is refused, naming the entry the first enqueued.
     Refused (exit 1, nothing written): an unknown entry, an open one (it runs when a worker leases it), a
-    completed one, and a failed one whose run was admitted and is still incomplete on the thread (recover the
-    thread instead, so the input is not admitted twice).
+    completed one, one already retried, and a failed one whose run was admitted and is still incomplete on the
+    thread (recover the thread instead, so the input is not admitted twice).
     """
     state = state_of(ctx)
     q = _queue(state, read_only=False)
     entry = q.entry(entry_id)
-    if entry is None:
-        raise _unknown_entry(state, entry_id)
-    if entry.status is not EntryStatus.FAILED:
-        why = "it is open: a worker runs it when it leases it" if entry.open else "it completed"
-        raise CliError(f"entry {entry_id} is not retried: {why}", kind="InvalidEntryState")
+    _check_retriable(state, entry_id, entry)
+    assert entry is not None
     store = state.store()
     admitted = store.lookup_run(entry.thread_id, entry.run_ids) if entry.run_ids else None
     if admitted is not None:
@@ -229,7 +252,10 @@ def retry(ctx: click.Context, entry_id: int) -> None:
                 "--graph module:attr) so that its input is not admitted twice",
                 kind="InvalidEntryState",
             )
-    new = q.enqueue(entry.thread_id, graph_id=entry.graph_id, input=entry.input, tenant_id=entry.tenant_id)
+    new = q.retry(entry_id)
+    if new is None:  # another retry, a purge or a cancel came first: say which
+        _check_retriable(state, entry_id, q.entry(entry_id))
+        raise CliError(f"entry {entry_id} is not retried: the store refused it", kind="InvalidEntryState")
     if state.json_output:
         state.emit({"retried": entry_id, "entry": entry_json(new, _now())})
         return

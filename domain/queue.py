@@ -57,6 +57,8 @@ class QueueEntry:
         lease_expires_at: when that lease expires, by the store's clock; None when not leased.
         finished_at: when an attempt finished it, by the store's clock; None while open.
         error: what the attempt that finished it ``FAILED`` said; None otherwise.
+        retried_as: the entry :meth:`RunQueue.retry` enqueued for this ``FAILED`` one; None while it was not
+            retried (an entry is retried at most once).
     """
 
     entry_id: int
@@ -74,6 +76,7 @@ class QueueEntry:
     lease_expires_at: datetime | None = None
     finished_at: datetime | None = None
     error: str | None = None
+    retried_as: int | None = None
 
     @property
     def open(self) -> bool:

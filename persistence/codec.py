@@ -405,13 +405,14 @@ def decode_queue_entry(
 
     Args:
         row: ``(entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by,
-            lease_expires_at, available_at, enqueued_at, finished_at, error, refunded)``, times as the store keeps
-            them.
+            lease_expires_at, available_at, enqueued_at, finished_at, error, refunded)``, optionally followed by
+            ``retried_as``, times as the store keeps them.
         run_ids: the RunIds the entry recorded, in order.
         when: turns one stored time (never None) into an aware UTC datetime.
     """
     (entry_id, thread_id, graph_id, input_text, tenant_id, status, attempts, leased_by, lease_expires_at,
-     available_at, enqueued_at, finished_at, error, refunded) = row
+     available_at, enqueued_at, finished_at, error, refunded) = row[:14]
+    retried_as = row[14] if len(row) > 14 else None
     with _decoding("run-queue entry", thread_id):
         return QueueEntry(
             entry_id=entry_id,
@@ -429,6 +430,7 @@ def decode_queue_entry(
             lease_expires_at=None if lease_expires_at is None else when(lease_expires_at),
             finished_at=None if finished_at is None else when(finished_at),
             error=error,
+            retried_as=retried_as,
         )
 
 

@@ -323,6 +323,9 @@ class ForwardingRunQueue(RunQueue):
     def take_lease(self, entry_id: int, holder: str, ttl: timedelta, *, force: bool = False) -> Lease | None:
         return self._forward("take_lease", entry_id, holder, ttl, force=force)
 
+    def retry(self, entry_id: int) -> QueueEntry | None:
+        return self._forward("retry", entry_id)
+
     def purge(self, older_than: timedelta, *, limit: int = 100, after: int | None = None) -> PurgePage:
         return self._forward("purge", older_than, limit=limit, after=after)
 

@@ -32,6 +32,9 @@ The rules every queue shares:
 6. **Operators.** :meth:`RunQueue.take_lease` leases one named entry (an operator's cancel: take it, then
    finish it ``FAILED``; see :func:`cancel_entry`), and :meth:`RunQueue.purge` deletes finished entries once
    they are old enough (the retention of the queue; open entries are never purged).
+7. **Retries.** :meth:`RunQueue.retry` enqueues a ``FAILED`` entry's run again as a new entry, at most once per
+   entry: the failed entry records the new entry's id (``retried_as``) in the same transaction, so two retries
+   of one entry, however concurrent, enqueue exactly one new entry.
 """
 
 from __future__ import annotations
@@ -213,6 +216,30 @@ class RunQueue(abc.ABC):
             ValidationError: a bad ``entry_id``, ``holder`` or ``ttl``; nothing changed.
             ProcessingError: the storage failed or the store is closed. A retry after an unknown outcome may
                 take a second lease (its own first one is then the fenced one).
+        """
+
+    @abc.abstractmethod
+    def retry(self, entry_id: int) -> QueueEntry | None:
+        """Enqueues the ``FAILED`` entry ``entry_id`` again: a new open entry with its thread, graph, input, tenant.
+
+        At most once per entry (rule 7): in one transaction it checks that the entry is ``FAILED`` and not yet
+        retried, enqueues the new entry (as :meth:`enqueue`, no delay) and records its id as the failed entry's
+        ``retried_as``. Two retries of one entry, from any threads, stores or processes, enqueue one entry.
+        It does not read the thread: whether the failed entry's run was admitted and is still incomplete (then
+        recover the thread rather than admit the input twice) is the caller's to check first.
+
+        Args:
+            entry_id: the failed entry.
+
+        Returns:
+            The new entry; None (nothing written) when the entry is unknown, not ``FAILED`` (open or
+            completed), or already retried - read :meth:`entry` to tell which: a retried entry's
+            ``retried_as`` names the entry its retry enqueued.
+
+        Raises:
+            ValidationError: a bad ``entry_id``; nothing written.
+            ProcessingError: the storage failed or the store is closed. Retrying after an unknown outcome is
+                safe: if the first call applied, the second answers None and :meth:`entry` names its entry.
         """
 
     @abc.abstractmethod
@@ -407,6 +434,15 @@ class QueueBase(SlowCalls, RunQueue):
             if started and perf_counter() - started > self._slow_s:
                 self._slow("take_lease", None, started)
 
+    def retry(self, entry_id: int) -> QueueEntry | None:
+        _entry_id("entry_id", entry_id)
+        started = self._begin("retry")
+        try:
+            return self._retry(entry_id)
+        finally:
+            if started and perf_counter() - started > self._slow_s:
+                self._slow("retry", None, started)
+
     def purge(self, older_than: timedelta, *, limit: int = 100, after: int | None = None) -> PurgePage:
         v.check_positive_duration("older_than", older_than)
         v.check_int("limit", limit, low=1, high=rules.MAX_PAGE)
@@ -495,6 +531,9 @@ class QueueBase(SlowCalls, RunQueue):
     def _take_lease(self, entry_id: int, holder: str, ttl: timedelta, force: bool) -> Lease | None: ...
 
     @abc.abstractmethod
+    def _retry(self, entry_id: int) -> QueueEntry | None: ...
+
+    @abc.abstractmethod
     def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage: ...
 
     @abc.abstractmethod
@@ -515,8 +554,8 @@ MAX_RUNS_PER_ENTRY = 1000
 
 
 QUEUE_OPERATIONS: tuple[str, ...] = (
-    "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "take_lease", "entry", "entries",
-    "open_runs", "purge", "depth",
+    "enqueue", "lease", "renew_lease", "record_run", "finish", "release_lease", "take_lease", "retry", "entry",
+    "entries", "open_runs", "purge", "depth",
 )
 """The public methods of :class:`RunQueue` (the forwarding base and the metered queue iterate over this list)."""
 

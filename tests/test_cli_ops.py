@@ -159,6 +159,7 @@ def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(ba
     assert listed("--state", "open") == [a.entry_id, c.entry_id]
     assert listed("--state", "failed") == [b.entry_id]
     assert listed("--state", "done") == []
+    assert listed("--state", "completed") == []
     page = json.loads(run(backend, "--json", "queue", "list", "--limit", "1").output)
     assert [e["entry_id"] for e in page["entries"]] == [a.entry_id] and page["next"] == a.entry_id
     assert listed("--after", str(a.entry_id)) == [b.entry_id, c.entry_id]
@@ -168,6 +169,24 @@ def test_queue_list_shows_entries_with_their_state_runs_and_lease_and_filters(ba
     assert f"entry {b.entry_id}: boom" in table.output  # a failed entry's error, below the table
     assert f"entry {a.entry_id}:" not in table.output
     assert backend.dump() == before  # listing reads only
+
+
+def test_queue_list_filters_completed_as_the_table_shows_it_and_counts_refunds(backend: Backend, store: Any) -> None:
+    q = store.queue
+    done = q.enqueue("t-a", graph_id="qa")
+    lease = q.lease("w", TTL)
+    q.finish(done.entry_id, lease.attempt)
+    handed = q.enqueue("t-b", graph_id="qa")
+    first = q.lease("w", TTL)
+    q.release_lease(handed.entry_id, first.attempt, refund=True)  # a worker that stopped gracefully
+    q.lease("w", TTL)  # a second lease: counted
+    listed = lambda *args: json.loads(run(backend, "--json", "queue", "list", *args).stdout)["entries"]  # noqa: E731
+    assert [e["entry_id"] for e in listed("--state", "completed")] == [done.entry_id]
+    assert [e["entry_id"] for e in listed("--state", "done")] == [done.entry_id]  # the older name, still taken
+    assert "completed" in run(backend, "queue", "list", "--state", "completed").stdout
+    entry = {e["entry_id"]: e for e in listed()}[handed.entry_id]
+    assert (entry["attempts"], entry["refunded"], entry["counted_attempts"]) == (2, 1, 1)
+    assert "completed" in run(backend, "queue", "list", "--help").stdout
 
 
 def test_queue_list_says_when_a_delayed_entry_becomes_available_by_the_stores_clock(
@@ -265,6 +284,31 @@ def test_queue_retry_enqueues_a_failed_entry_again(backend: Backend, store: Any)
     assert (new.thread_id, new.graph_id, new.input, new.tenant_id) == ("t1", "qa", {"question": "why?"}, "acme")
     assert new.status is EntryStatus.OPEN and new.attempts == 0 and new.run_ids == ()
     assert q.entry(entry.entry_id).status is EntryStatus.FAILED  # the failed entry stays as it was
+
+
+def test_queue_retry_twice_is_refused_naming_the_entry_the_first_retry_enqueued(
+    backend: Backend, store: Any
+) -> None:
+    q = store.queue
+    entry = q.enqueue("t1", graph_id="qa", input={"n": 1})
+    lease = q.lease("w", TTL)
+    q.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED, error="boom")
+    first = run(backend, "queue", "retry", str(entry.entry_id))
+    assert first.exit_code == 0, first.output
+    new = q.entries(limit=10)[-1]
+    assert new.entry_id > entry.entry_id and f"as entry {new.entry_id}" in first.output
+    before = backend.dump()
+    again = run(backend, "queue", "retry", str(entry.entry_id))
+    assert again.exit_code == EXIT_FAILED
+    assert again.stdout == ""
+    assert again.stderr.strip().splitlines() == [
+        f"threadloom: error: entry {entry.entry_id} is not retried: it was retried already, as entry {new.entry_id}"
+    ]
+    assert backend.dump() == before  # nothing enqueued
+    doc = json.loads(run(backend, "--json", "queue", "retry", str(entry.entry_id)).stdout)
+    assert doc["error"]["type"] == "InvalidEntryState" and f"entry {new.entry_id}" in doc["error"]["message"]
+    listed = json.loads(run(backend, "--json", "queue", "list").stdout)["entries"]
+    assert [e["retried_as"] for e in listed] == [new.entry_id, None]
 
 
 def test_queue_retry_refuses_an_open_entry_and_an_admitted_incomplete_run(backend: Backend, store: Any) -> None:

@@ -248,11 +248,12 @@ def test_every_queue_call_passes_the_seam_once_with_the_callers_arguments_and_is
     queue.finish(entry.entry_id, lease.attempt, error=None)
     queue.release_lease(entry.entry_id, lease.attempt)
     assert queue.take_lease(entry.entry_id, "op", timedelta(seconds=30)) is None  # finished
+    assert queue.retry(entry.entry_id) is None  # completed, not failed
     assert queue.purge(timedelta(seconds=30), limit=5).visited == 1
     assert queue.depth().open == 0
     assert [op for op, _, _ in queue.seen] == [
         "enqueue", "lease", "renew_lease", "record_run", "open_runs", "entry", "entries", "finish", "release_lease",
-        "take_lease", "purge", "depth",
+        "take_lease", "retry", "purge", "depth",
     ]
     assert {op for op, _, _ in queue.seen} == set(QUEUE_OPERATIONS)
     assert queue.seen[0] == ("enqueue", ("t",), {"graph_id": "g", "input": {"n": 1}, "tenant_id": None,

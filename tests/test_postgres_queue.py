@@ -464,6 +464,28 @@ def test_a_schema_at_the_previous_version_migrates_forward(harness: PgHarness, m
     assert [cp.id for cp in store.history("t1", limit=10)] == [later[-1], r1[-1]]
 
 
+def test_a_schema_of_version_13_migrates_its_failed_entries_to_retriable_once(harness: PgHarness, monkeypatch) -> None:
+    steps = postgres_schema.migrations()
+    assert steps[13].name == "0014_queue_retries.sql"
+    with monkeypatch.context() as patch:  # the schema before retries were recorded: version 13
+        patch.setattr(postgres_schema, "migrations", lambda: steps[:13])
+        harness.open().close()
+    with raw(harness) as conn:
+        conn.execute(  # an entry the earlier code finished FAILED
+            f'INSERT INTO "{harness.schema}".run_queue (thread_id, graph_id, input, status, thread_head, attempts,'
+            " available_at, enqueued_at, finished_at, error)"
+            " VALUES ('t1', 'g', '{\"n\": 1}', 'failed', false, 1, now(), now(), now(), 'boom')"
+        )
+    with harness.open() as store:
+        (failed,) = store.queue.entries()
+        assert failed.status is EntryStatus.FAILED and failed.retried_as is None
+        new = store.queue.retry(failed.entry_id)
+        assert new is not None and new.input == {"n": 1} and new.status is EntryStatus.OPEN
+        assert store.queue.retry(failed.entry_id) is None
+        assert store.queue.entry(failed.entry_id).retried_as == new.entry_id
+        assert store.queue.lease("w", TTL).entry_id == new.entry_id
+
+
 def test_a_schema_of_version_5_migrates_its_open_entries_to_refunds(harness: PgHarness, monkeypatch) -> None:
     steps = postgres_schema.migrations()
     assert steps[5].name == "0006_queue_refunds.sql"

@@ -353,8 +353,8 @@ def test_migrations_are_numbered_and_applied_once(harness: PgHarness) -> None:
     # 6: queue refunds; 7: access stamps; 8: the tenant indexes hold stamped rows only; 9: a commit without a
     # checkpoint re-stamps its thread in its own transaction; 10: checkpoint metadata in a column; 11: pending writes
     # numbered per checkpoint; 12: a commit's notification carries its events when they fit; 13: commits notify only
-    # while a listener is registered
-    assert versions == [(version,) for version in range(1, 14)]
+    # while a listener is registered; 14: a failed queue entry records the entry its retry enqueued
+    assert versions == [(version,) for version in range(1, 15)]
 
 
 def test_a_schema_newer_than_this_code_is_refused(harness: PgHarness) -> None:
@@ -392,6 +392,7 @@ def test_each_function_is_defined_once_and_no_migration_repeats_another() -> Non
         "0005_retract_parent.sql", "0006_queue_refunds.sql", "0007_access_stamps.sql",
         "0008_stamped_tenant_indexes.sql", "0009_commit_restamps.sql", "0010_checkpoint_metadata.sql",
         "0011_pending_write_numbers.sql", "0012_commit_notes.sql", "0013_listeners.sql",
+        "0014_queue_retries.sql",
     ]  # fmt: skip
     assert [(m.version, m.name) for m in migrations()] == [(int(name[:4]), name) for name in sorted(files)]
     for name, text in files.items():  # a numbered migration defines no function: it includes the function's file

@@ -571,3 +571,74 @@ def test_purge_deletes_finished_entries_old_enough_page_by_page(env):
     assert queue.open_runs(["t0", "t3"]) == {}
     again = queue.enqueue("t0", graph_id="g")
     assert again.entry_id > late.entry_id  # ids are never reused
+
+
+def _failed(queue, thread_id, *, graph_id="g", input=None, tenant_id=None):
+    """A new entry of ``thread_id``, leased and finished FAILED."""
+    entry = queue.enqueue(thread_id, graph_id=graph_id, input=input, tenant_id=tenant_id)
+    lease = queue.lease("w", TTL)
+    assert lease.entry_id == entry.entry_id
+    queue.record_run(entry.entry_id, lease.attempt, f"r{entry.entry_id}")
+    return queue.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED, error="boom")
+
+
+def test_retry_enqueues_a_failed_entry_once_and_names_the_new_entry_on_it(env):
+    _store, queue, _clock = env
+    failed = _failed(queue, "t1", graph_id="g2", input={"n": [1, 2]}, tenant_id="acme")
+    assert failed.retried_as is None
+    new = queue.retry(failed.entry_id)
+    assert new is not None and new.entry_id > failed.entry_id and new.status is EntryStatus.OPEN
+    assert (new.thread_id, new.graph_id, new.input, new.tenant_id) == ("t1", "g2", {"n": [1, 2]}, "acme")
+    assert new.attempts == 0 and new.run_ids == () and new.retried_as is None
+    assert queue.entry(failed.entry_id).retried_as == new.entry_id
+    assert [e.retried_as for e in queue.entries(limit=10, status=EntryStatus.FAILED)] == [new.entry_id]
+    before = queue.entries(limit=10)
+    assert queue.retry(failed.entry_id) is None  # retried already: nothing written
+    assert queue.entries(limit=10) == before
+    lease = queue.lease("w", TTL)
+    assert lease.entry_id == new.entry_id  # the new entry runs like any other
+    queue.finish(new.entry_id, lease.attempt, status=EntryStatus.FAILED, error="again")
+    assert queue.retry(new.entry_id).entry_id > new.entry_id  # the retry, failed, is retried once in its turn
+
+
+def test_retry_refuses_unknown_open_and_completed_entries(env):
+    _store, queue, _clock = env
+    assert queue.retry(99) is None
+    open_entry = queue.enqueue("t1", graph_id="g")
+    assert queue.retry(open_entry.entry_id) is None
+    lease = queue.lease("w", TTL)
+    assert queue.retry(open_entry.entry_id) is None  # leased: still open
+    queue.finish(open_entry.entry_id, lease.attempt)
+    assert queue.retry(open_entry.entry_id) is None  # completed
+    assert [e.entry_id for e in queue.entries(limit=10)] == [open_entry.entry_id]
+    with pytest.raises(ValidationError):
+        queue.retry(0)
+
+
+def test_concurrent_retries_of_one_entry_enqueue_exactly_one(env):
+    import threading
+
+    _store, queue, _clock = env
+    failed = _failed(queue, "t1")
+    callers = 8
+    barrier = threading.Barrier(callers)
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def retry() -> None:
+        barrier.wait()
+        try:
+            results.append(queue.retry(failed.entry_id))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=retry) for _ in range(callers)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    made = [r for r in results if r is not None]
+    assert len(made) == 1 and len(results) == callers
+    assert [e.entry_id for e in queue.entries(limit=10)] == [failed.entry_id, made[0].entry_id]
+    assert queue.entry(failed.entry_id).retried_as == made[0].entry_id

@@ -307,7 +307,7 @@ def _tables(path: str) -> set[str]:
 def test_a_file_of_the_previous_schema_version_migrates_forward(
     path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert sqlite_store.SCHEMA_VERSION == 9 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
+    assert sqlite_store.SCHEMA_VERSION == 10 and sqlite_store.MIGRATIONS[1] is sqlite_queue.QUEUE_MIGRATION
     # This code as it was before the queue: schema version 1 (with version 3's claim column, version 5's access
     # stamp columns, version 7's metadata column and version 8's stamp column while it writes, which this code
     # needs, then dropped: the file is then as version 1 left it).
@@ -348,7 +348,7 @@ def test_a_file_of_the_previous_schema_version_migrates_forward(
         rows = raw(path).execute("SELECT version, applied_at FROM schema_version ORDER BY version").fetchall()
         now_us = sqlite_store.codec.to_micros(clock.now())
         assert rows == [(1, sqlite_store.codec.to_micros(START)), (2, now_us), (3, now_us), (4, now_us), (5, now_us),
-                        (6, now_us), (7, now_us), (8, now_us), (9, now_us)]
+                        (6, now_us), (7, now_us), (8, now_us), (9, now_us), (10, now_us)]
         assert {"run_queue", "run_queue_runs"} <= _tables(path)
         store = opened[0]
         assert [cp.id for cp in store.history("t1", limit=10)] == list(reversed(r1 + later))
@@ -377,12 +377,35 @@ def test_a_file_of_version_3_migrates_its_open_entries_to_refunds(
     )
     conn.commit()
     with SqliteCheckpointer.open(path, clock=clock) as store:
-        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (9,)
+        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (10,)
         (entry,) = store.queue.entries()
         assert (entry.attempts, entry.refunded, entry.counted_attempts) == (2, 0, 2)
         lease = store.queue.lease("w", TTL)
         store.queue.release_lease(entry.entry_id, lease.attempt, refund=True)
         assert store.queue.entry(entry.entry_id).counted_attempts == 2
+
+
+def test_a_file_of_version_9_migrates_its_failed_entries_to_retriable_once(
+    path: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:  # the code before retries were recorded: version 9, no retried_as
+        patch.setattr(sqlite_schema, "MIGRATIONS", sqlite_schema.MIGRATIONS[:9])
+        patch.setattr(sqlite_schema, "SCHEMA_VERSION", 9)
+        SqliteCheckpointer.open(path, clock=clock).close()
+    conn = raw(path)
+    conn.execute(
+        "INSERT INTO run_queue (thread_id, graph_id, input, status, thread_head, attempts, available_at,"
+        " enqueued_at, finished_at, error) VALUES ('t1', 'g', '{\"n\": 1}', 'failed', 0, 1, 0, 0, 0, 'boom')"
+    )
+    conn.commit()
+    with SqliteCheckpointer.open(path, clock=clock) as store:
+        assert raw(path).execute("SELECT max(version) FROM schema_version").fetchone() == (10,)
+        (failed,) = store.queue.entries()
+        assert failed.status is EntryStatus.FAILED and failed.retried_as is None
+        new = store.queue.retry(failed.entry_id)
+        assert new is not None and new.input == {"n": 1}
+        assert store.queue.retry(failed.entry_id) is None
+        assert store.queue.entry(failed.entry_id).retried_as == new.entry_id
 
 
 def test_a_file_of_the_queue_version_is_refused_by_the_previous_code(

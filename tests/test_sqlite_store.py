@@ -1051,8 +1051,16 @@ def test_a_file_of_version_7_migrates_to_8_and_keeps_its_data(path: str, clock: 
 # -- one registry index (migration 9) --------------------------------------------------------------------------------
 
 
+def _undo_migration_10(conn: sqlite3.Connection) -> None:
+    """Puts the run queue back as version 9 left it (no ``retried_as``)."""
+    conn.execute("ALTER TABLE run_queue DROP COLUMN retried_as")
+    conn.execute("DELETE FROM schema_version WHERE version = 10")
+
+
 def _undo_migration_9(conn: sqlite3.Connection) -> None:
-    """Puts the registry's indexes back as version 8 left them (two, both keyed by ``updated_at``)."""
+    """Puts the registry's indexes back as version 8 left them (two, both keyed by ``updated_at``), and the
+    migrations after it undone first."""
+    _undo_migration_10(conn)
     conn.execute("DROP INDEX threads_registry")
     for statement in sqlite_schema.MIGRATIONS[0]:
         if statement.startswith(("CREATE INDEX threads_registry", "CREATE INDEX threads_incomplete")):
@@ -1096,7 +1104,7 @@ def test_a_file_of_version_8_migrates_to_9_and_its_registry_answers_the_same(pat
         _undo_migration_9(conn)
     with SqliteCheckpointer.open(path, clock=clock) as store:
         conn = raw(path)
-        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (9,)
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone() == (sqlite_store.SCHEMA_VERSION,)
         indexes = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'threads'"))
         assert "threads_incomplete" not in indexes
         assert "(latest_status = 'running' AND deleting = 0)" in indexes["threads_registry"]

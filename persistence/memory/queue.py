@@ -41,6 +41,7 @@ class _EntryRow:
     lease_expires_at: datetime | None = None
     finished_at: datetime | None = None
     error: str | None = None
+    retried_as: int | None = None
 
     def value(self) -> QueueEntry:
         return QueueEntry(
@@ -59,6 +60,7 @@ class _EntryRow:
             lease_expires_at=self.lease_expires_at,
             finished_at=self.finished_at,
             error=self.error,
+            retried_as=self.retried_as,
         )
 
 
@@ -200,6 +202,18 @@ class InMemoryRunQueue(QueueBase):
             row.leased_by = holder
             row.lease_expires_at = now + ttl
             return self._lease_value(row.value(), previous)
+
+    def _retry(self, entry_id: int) -> QueueEntry | None:
+        with self._store._lock:
+            old = self._rows.get(entry_id)
+            if old is None or old.status is not EntryStatus.FAILED or old.retried_as is not None:
+                return None
+            now = self._now()
+            self._last_id += 1
+            row = _EntryRow(self._last_id, old.thread_id, old.graph_id, old.input_text, old.tenant_id, now, now)
+            self._rows[row.entry_id] = row
+            old.retried_as = row.entry_id
+            return row.value()
 
     def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
         with self._store._lock:

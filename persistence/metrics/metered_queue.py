@@ -21,8 +21,8 @@ metric                                      kind       labels          what
 ==========================================  =========  ==============  ===============================================
 
 ``op`` is the queue method's name (:data:`~threadloom.persistence.queue.QUEUE_OPERATIONS`): ``enqueue``,
-``lease``, ``renew_lease``, ``record_run``, ``finish``, ``release_lease``, ``take_lease``, ``entry``, ``entries``,
-``open_runs``, ``purge``. A meter that raises never changes a call's outcome.
+``lease``, ``renew_lease``, ``record_run``, ``finish``, ``release_lease``, ``take_lease``, ``retry``, ``entry``,
+``entries``, ``open_runs``, ``purge``. A meter that raises never changes a call's outcome.
 """
 
 from __future__ import annotations

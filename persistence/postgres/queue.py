@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def entry_value(row: tuple[Any, ...]) -> QueueEntry:
     """The :class:`QueueEntry` of a row of the queue's reads (or the entry part of a ``tl_q_result``)."""
-    return codec.decode_queue_entry((*row[:13], row[14]), row[13] or (), as_utc)
+    return codec.decode_queue_entry((*row[:13], *row[14:16]), row[13] or (), as_utc)
 
 
 class PostgresRunQueue(QueueBase):
@@ -78,6 +78,7 @@ class PostgresRunQueue(QueueBase):
                 "Q_RECORD",
                 "Q_FINISH",
                 "Q_RELEASE",
+                "Q_RETRY",
                 "Q_ENTRY",
                 "Q_ENTRIES",
                 "Q_DEPTH",
@@ -177,6 +178,12 @@ class PostgresRunQueue(QueueBase):
         if not rows:
             return None  # unknown, finished, or held by a live lease (without force)
         return self._lease_value(entry_value(rows[0][1:]), rows[0][0])
+
+    def _retry(self, entry_id: int) -> QueueEntry | None:
+        row = self._write("retry", None, "Q_RETRY", (entry_id,))
+        if row[0] == 1:
+            return None  # unknown, not failed, or retried already
+        return self._entry_of("retry", row)
 
     def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
         age_us = duration_micros(older_than)

@@ -77,14 +77,16 @@ Q_RENEW = "SELECT * FROM {s}.tl_q_renew(%s, %s, %s)"
 Q_RECORD = "SELECT * FROM {s}.tl_q_record(%s, %s, %s, %s)"
 Q_FINISH = "SELECT * FROM {s}.tl_q_finish(%s, %s, %s, %s)"
 Q_RELEASE = "SELECT {s}.tl_q_release(%s, %s, %s, %s)"
+Q_RETRY = "SELECT * FROM {s}.tl_q_retry(%s)"
 
 _Q_COLUMNS = (
     "q.entry_id, q.thread_id, q.graph_id, q.input, q.tenant_id, q.status, q.attempts, q.leased_by, "
     "q.lease_expires_at, q.available_at, q.enqueued_at, q.finished_at, q.error, "
     "ARRAY(SELECT r.run_id FROM {s}.run_queue_runs r WHERE r.entry_id = q.entry_id ORDER BY r.position), "
-    "q.refunded"
+    "q.refunded, q.retried_as"
 )
-"""An entry as the reads return it: the columns of ``tl_q_result`` after ``code, current, previous``."""
+"""An entry as the reads return it: the columns of ``tl_q_result`` after ``code, current, previous``, then
+``retried_as`` (migration 14), which the queue functions' answers do not carry."""
 
 Q_ENTRY = "SELECT " + _Q_COLUMNS + " FROM {s}.run_queue q WHERE q.entry_id = %s"
 Q_ENTRIES = "SELECT " + _Q_COLUMNS + " FROM {s}.run_queue q WHERE q.entry_id > %s ORDER BY q.entry_id LIMIT %s"

@@ -9,7 +9,8 @@ read, two leases - from two threads, two stores or two processes over one file -
 second reads the first's lease.
 
 Tables (migration 2 of :data:`threadloom.persistence.sqlite.schema.MIGRATIONS`; migration 4 adds ``refunded``, the
-leases handed back with a refund), times as integer microseconds since the epoch by the store's clock:
+leases handed back with a refund, and migration 10 ``retried_as``, the entry a retry enqueued), times as integer
+microseconds since the epoch by the store's clock:
 
 * ``run_queue`` - one row per entry. ``entry_id`` is ``INTEGER PRIMARY KEY AUTOINCREMENT``, so an id is never
   reused. ``thread_head`` is 1 while the entry is open and no older entry of its thread is open: it is set by
@@ -78,7 +79,7 @@ QUEUE_MIGRATION: tuple[str, ...] = (
 
 _COLUMNS = (
     "entry_id, thread_id, graph_id, input, tenant_id, status, attempts, leased_by, lease_expires_at, available_at,"
-    " enqueued_at, finished_at, error, refunded"
+    " enqueued_at, finished_at, error, refunded, retried_as"
 )
 _SQL_Q_ENQUEUE = (
     "INSERT INTO run_queue (thread_id, graph_id, input, tenant_id, status, thread_head, available_at, enqueued_at)"
@@ -139,6 +140,12 @@ _SQL_Q_OPEN_RUNS = (
     " JOIN run_queue_runs AS r ON r.entry_id = q.entry_id"
 )
 
+# retry: the failed entry's run, then _SQL_Q_ENQUEUE of it and the mark that it was retried.
+_SQL_Q_RETRY_READ = (
+    "SELECT thread_id, graph_id, input, tenant_id FROM run_queue"
+    " WHERE entry_id = ? AND status = 'failed' AND retried_as IS NULL"
+)
+_SQL_Q_RETRIED = "UPDATE run_queue SET retried_as = ? WHERE entry_id = ?"
 # take_lease: the entry's state, then _SQL_Q_LEASE on it.
 _SQL_Q_TAKE_STATE = "SELECT status, leased_by, lease_expires_at FROM run_queue WHERE entry_id = ?"
 # purge: one page of entries by primary key, then each finished, old enough entry and its runs deleted.
@@ -381,6 +388,18 @@ class SqliteRunQueue(QueueBase):
         entry = _read_entry(conn, entry_id)
         assert entry is not None
         return self._lease_value(entry, row[1])
+
+    def _retry(self, entry_id: int) -> QueueEntry | None:
+        return self._db.write("retry", None, self._retry_work, entry_id)
+
+    def _retry_work(self, conn: sqlite3.Connection, entry_id: int) -> QueueEntry | None:
+        row = conn.execute(_SQL_Q_RETRY_READ, (entry_id,)).fetchone()
+        if row is None:
+            return None  # unknown, not failed, or retried already (the write lock is held: no other retry runs)
+        thread_id, graph_id, text, tenant_id = row
+        entry = self._enqueue_work(conn, thread_id, graph_id, text, tenant_id, timedelta(0))
+        conn.execute(_SQL_Q_RETRIED, (entry.entry_id, entry_id))
+        return entry
 
     def _purge(self, older_than: timedelta, limit: int, after: int) -> PurgePage:
         return self._db.write("purge", None, self._purge_work, older_than, limit, after)

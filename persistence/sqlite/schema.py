@@ -172,6 +172,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX threads_registry ON threads (latest_tenant, (latest_status = 'running' AND deleting = 0),"
         " updated_at, thread_id) WHERE origin_parent IS NULL AND latest_id IS NOT NULL",
     ),
+    # 10: the entry a retry of a FAILED run-queue entry enqueued (RunQueue.retry: at most once per entry);
+    # NULL while it was not retried.
+    ("ALTER TABLE run_queue ADD COLUMN retried_as INTEGER",),
 )
 """Numbered migrations: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n``."""
 
