@@ -20,7 +20,7 @@ from rich.text import Text
 
 from threadloom.cli.output import CliError, printable, scrub, state_of
 from threadloom.domain import validation as v
-from threadloom.domain.errors import ProcessingError, ThreadloomError
+from threadloom.domain.errors import ProcessingError, ReplayUnavailable, ThreadloomError
 from threadloom.domain.values import ThreadQuery
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.metrics.meter import HistogramSnapshot, InMemoryMeter, MeterSnapshot
@@ -32,10 +32,30 @@ EVENTS_PAGE = 100
 """Events per events read."""
 
 
+def replay_start(store: Checkpointer, thread_id: str) -> int:
+    """The ``after_seq`` that reads the thread's events from the earliest one still kept (its replay floor).
+
+    0 unless retention or compaction dropped older events; then one less than the first event kept. Read with
+    one ``events_after`` of one event, whose ``ReplayUnavailable`` names the floor.
+    """
+    try:
+        store.events_after(thread_id, 0, 1)
+    except ReplayUnavailable as error:
+        return error.earliest_seq - 1
+    except ProcessingError:
+        raise
+    except ThreadloomError:
+        return 0
+    return 0
+
+
 def probe(store: Checkpointer, tenant_id: str | None, threads: list[str], sample: int) -> list[str]:
     """One round of read-only calls; returns the threads it read (given ones, else up to ``sample`` listed).
 
-    A store error of one call (``ReplayUnavailable``, …) ends that call only: it is what the meter counts.
+    A thread's events are read from its replay floor (:func:`replay_start`, asked of the store a
+    ``MeteredCheckpointer`` wraps, so that the lookup is not metered): a store whose retention dropped old events
+    answers without an error. A store error of one call (``ThreadDeleted``, …) ends that call only: it is what
+    the meter counts.
 
     Raises:
         ProcessingError: the storage failed (there is no point in reading on).
@@ -48,13 +68,14 @@ def probe(store: Checkpointer, tenant_id: str | None, threads: list[str], sample
         except ThreadloomError:
             return None
 
+    unmetered = store.inner if isinstance(store, MeteredCheckpointer) else store
     page = attempt(store.threads, ThreadQuery(tenant_id=tenant_id, limit=PAGE))
     attempt(store.incomplete, tenant_id, limit=PAGE)
     chosen = list(threads) or ([s.thread_id for s in page.items[:sample]] if page is not None else [])
     for thread_id in chosen:
         stored = attempt(store.latest, thread_id)
         attempt(store.history, thread_id, limit=PAGE)
-        attempt(store.events_after, thread_id, 0, EVENTS_PAGE)
+        attempt(store.events_after, thread_id, replay_start(unmetered, thread_id), EVENTS_PAGE)
         attempt(store.children, thread_id, limit=PAGE)
         if stored is not None:
             attempt(store.lookup_run, thread_id, [stored.checkpoint.run_id])
@@ -118,7 +139,8 @@ def stats(
     """Probe the store with read-only calls and print their metrics: calls, errors, latency per method.
 
     Reads the registry and incomplete threads of --tenant, and for each thread (--thread, or a sample of the
-    registry) its latest checkpoint, history, events, children and run lookup; writes nothing. Latency
+    registry) its latest checkpoint, history, events (from the earliest one retention kept), children and run
+    lookup; writes nothing. A healthy store shows no errors. Latency
     quantiles are bucket bounds (ms): p50 ≤ 2.5 means half the calls took at most 2.5 ms. With --json, prints
     the table's rows and the meter's whole snapshot.
 
@@ -210,4 +232,4 @@ def stats(
         )
 
 
-__all__ = ["operations", "probe", "stats"]
+__all__ = ["operations", "probe", "replay_start", "stats"]

@@ -17,6 +17,7 @@ from threadloom import (
     InMemoryCheckpointer,
     InMemoryMeter,
     MeteredCheckpointer,
+    ReplayUnavailable,
 )
 from threadloom.cli.main import cli
 from threadloom.cli.stats import operations, probe
@@ -128,3 +129,39 @@ def test_stats_over_a_sqlite_file_reads_its_threads_and_changes_nothing(tmp_path
     assert [store.latest(f"t{index}") for index in range(3)] == before
     assert len(store.incomplete(None, limit=10).items) == 3  # still idle: the probes claimed nothing
     store.close()
+
+
+def test_stats_after_a_sweep_reads_events_from_each_threads_floor_without_errors(tmp_path):
+    from threadloom.persistence.sqlite.store import SqliteCheckpointer
+
+    path = tmp_path / "store.db"
+    store = SqliteCheckpointer.open(str(path))
+    for index in range(2):
+        thread_id = f"t{index}"
+        claim = store.claim(thread_id, ClaimRequest(holder="run-1", ttl=timedelta(minutes=1)))
+        parent = None
+        for step in range(5):
+            cp = Checkpoint(
+                id=f"c{step}", parent=parent, thread_id=thread_id, run_id="run-1",
+                status=CheckpointStatus.COMPLETED if step == 4 else CheckpointStatus.RUNNING, created_at=START,
+            )
+            store.commit(thread_id, Commit(
+                token=claim.token, checkpoint=cp, events=(EventDraft(run_id="run-1", type="x", timestamp=START),),
+            ))
+            parent = cp.id
+        store.release(thread_id, claim.token)
+    store.close()
+    url = f"sqlite:///{path}"
+    swept = CliRunner().invoke(cli, ["--store", url, "sweep", "--max-checkpoints", "2", "--yes"])
+    assert swept.exit_code == 0, swept.output
+    reopened = SqliteCheckpointer.open(str(path))
+    with pytest.raises(ReplayUnavailable):  # the sweep dropped the events before the oldest checkpoint kept
+        reopened.events_after("t0", 0, 10)
+    reopened.close()
+    result = CliRunner().invoke(cli, ["--store", url, "--json", "stats", "--rounds", "1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = {row["op"]: row for row in json.loads(result.stdout)["operations"]}
+    assert rows["events_after"]["calls"] == 2  # one per thread: the floor's lookup is not metered
+    assert all(row["errors"] == 0 for row in rows.values()), rows
+    table = CliRunner().invoke(cli, ["--store", url, "stats", "--rounds", "1"], catch_exceptions=False)
+    assert "ReplayUnavailable" not in table.stdout and "errors" in table.stdout
