@@ -22,7 +22,7 @@ from threadloom.actors._failures import error_kind, is_fatal, store_closed
 from threadloom.actors.logs import elapsed_ms
 from threadloom.actors.logs import log as _log
 from threadloom.actors.runs import RunEnv
-from threadloom.domain.errors import TenantMismatch, ThreadBusy, ThreadloomError
+from threadloom.domain.errors import ProcessingError, TenantMismatch, ThreadBusy, ThreadloomError
 from threadloom.domain.rules import DELETING_KEY
 from threadloom.domain.values import ClaimRequest, Commit, StoredCheckpoint
 from threadloom.persistence.base import Checkpointer
@@ -165,7 +165,15 @@ class CascadeDelete:
                     self._delete(top, fence)
             self._delete(root, self.outer)
         except ThreadloomError as error:
-            (self._log.error if is_fatal(error, store) else self._log.warning)(
+            # A refusal before anything was deleted (another tenant's thread, a live run) is the caller's answer,
+            # told by the exception alone: info. A cascade stopped half-way, or a store failure, is worth more.
+            if is_fatal(error, store):
+                log = self._log.error
+            elif self.deleted or isinstance(error, ProcessingError):
+                log = self._log.warning
+            else:
+                log = self._log.info
+            log(
                 "delete.stopped",
                 op="delete_thread",
                 deleted=len(self.deleted),

@@ -738,3 +738,37 @@ def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backe
         assert json.loads(as_json.stdout.splitlines()[0])["error"]["type"] == "ValidationError"
     assert backend.dump() == before
     assert store.queue.entries(limit=10) == []
+
+
+# -- refusals: one error line, no log line ---------------------------------------------------------------------------
+
+
+def test_refusals_print_only_their_error_line_on_stderr(backend: Backend, store: Any, graph_module: str) -> None:
+    """A refusal is the one error line the README promises: no log line of the same refusal before it."""
+    claim = _dead_run(store, "live", TTL)  # a live claim (tenant acme)
+    _dead_run(store, "t1", TTL)
+    store.release("t1", store.current_claim("t1").token)
+    entry = store.queue.enqueue("t1", graph_id="g", tenant_id="acme")
+    store.queue.lease("w", TTL)
+    def rows() -> dict[str, Any]:  # the stored rows, but the claim bookkeeping: a refused delete claims and releases
+        dump = backend.dump()[0] if backend.name == "sqlite" else backend.dump()
+        return {table: found for table, found in dump.items() if table not in ("store", "threads")}
+
+    before = rows()
+    for args in (
+        ("delete", "t1", "--tenant", "other", "--yes"),  # another tenant's thread
+        ("delete", "live", "--yes"),  # a live run holds it
+        ("recover", "t1", "--graph", graph_module, "--tenant", "other"),
+        ("recover", "live", "--graph", graph_module),
+        ("queue", "cancel", str(entry.entry_id)),  # a live lease
+        ("queue", "retry", str(entry.entry_id)),  # open
+    ):
+        result = run(backend, *args)
+        assert result.exit_code == EXIT_FAILED, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("threadloom: error: "), (args, result.stderr)
+        assert result.stdout == "", args
+        assert rows() == before, args
+    asked = run(backend, "--log-level", "info", "delete", "t1", "--tenant", "other", "--yes")  # logs asked for
+    assert asked.exit_code == EXIT_FAILED and "delete.stopped" in asked.stderr
+    store.release("live", claim.token)
