@@ -431,6 +431,16 @@ def test_help_and_module_entry_point(tmp_path):
     for command in ("threads", "show", "history", "events", "sweep"):
         assert command in done.stdout
     assert not (tmp_path / "threadloom.db").exists()  # --help opens no store
+    summary = " ".join(done.stdout.split())
+    assert "Read and sweep a store" not in summary  # most commands do more: they write
+    assert "Some commands only read the store" in summary and "The others write to it" in summary
+    from threadloom.cli.main import LAZY_COMMANDS
+
+    doc = " ".join((cli.help or "").split())
+    named = doc.split("Some commands only read the store:", 1)[1].split("(simulate", 1)[0]
+    for word in ("threads", "tenants", "show", "history", "events", "stats", "walks", "check", "backup", "serve",
+                 "recover", "delete", "sweep", "demo", "demo-worker", "demo-walk-worker"):
+        assert word in named and word in LAZY_COMMANDS, word  # each command it names exists
 
 
 def test_events_without_after_start_at_the_earliest_event_kept(db: Path) -> None:
