@@ -166,8 +166,8 @@ def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, lim
     """List run-queue entries, oldest first: thread, tenant, graph, attempts and their runs, lease, age.
 
     An open entry not leasable yet (enqueued with --delay, or pushed back by a released lease) says when it
-    becomes available. Below the table, each listed entry that has an error text (a failed or cancelled one)
-    prints it on a line of its own.
+    becomes available; a failed entry that was retried names the entry its retry enqueued. Below the table,
+    each listed entry that has an error text (a failed or cancelled one) prints it on a line of its own.
 
     Without --tenant it lists every tenant's entries. Times are the store's stamps (UTC); ages, lease states and
     availability are judged by the store's clock, read once as the listing starts (--json: "read_at").
@@ -193,6 +193,8 @@ def list_command(ctx: click.Context, wanted: str | None, tenant: str | None, lim
         shown = entry_state(e, now)
         if e.open and e.available_at > now:
             shown += f", from {clock_text(e.available_at, now)}"
+        if e.retried_as is not None:
+            shown += f", retried as {e.retried_as}"
         table.add_row(
             cell(e.entry_id), cell(e.thread_id if e.tenant_id is None else f"{e.thread_id} ({e.tenant_id})"),
             cell(e.graph_id), cell(shown),
@@ -253,7 +255,7 @@ def retry(ctx: click.Context, entry_id: int) -> None:
                 kind="InvalidEntryState",
             )
     new = q.retry(entry_id)
-    if new is None:  # another retry, a purge or a cancel came first: say which
+    if new is None:  # another retry (or a purge) came first: say which
         _check_retriable(state, entry_id, q.entry(entry_id))
         raise CliError(f"entry {entry_id} is not retried: the store refused it", kind="InvalidEntryState")
     if state.json_output:

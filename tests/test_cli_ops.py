@@ -309,6 +309,7 @@ def test_queue_retry_twice_is_refused_naming_the_entry_the_first_retry_enqueued(
     assert doc["error"]["type"] == "InvalidEntryState" and f"entry {new.entry_id}" in doc["error"]["message"]
     listed = json.loads(run(backend, "--json", "queue", "list").stdout)["entries"]
     assert [e["retried_as"] for e in listed] == [new.entry_id, None]
+    assert f"retried as {new.entry_id}" in " ".join(run(backend, "queue", "list").stdout.split())
 
 
 def test_queue_retry_refuses_an_open_entry_and_an_admitted_incomplete_run(backend: Backend, store: Any) -> None:
