@@ -386,8 +386,8 @@ def cli(ctx: click.Context, store_url: str, json_output: bool, log_level: str) -
 
     Some commands only read the store: threads, tenants, show, history, events, queue list, stats, walks, check
     and backup. The others write to it: serve works the run queue; queue enqueue, retry and cancel change it;
-    recover and delete act on a thread; sweep applies retention; demo, demo-worker and demo-walk-worker run the
-    demonstrations (simulate uses stores of its own).
+    recover and delete act on a thread; sweep applies retention; demo runs the demonstration (simulate uses
+    stores of its own).
 
     Exit status: 0 done; 1 the store refused or failed, or the thread is unknown; 2 bad command line, store URL
     or input; 130 interrupted.

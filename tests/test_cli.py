@@ -439,7 +439,7 @@ def test_help_and_module_entry_point(tmp_path):
     doc = " ".join((cli.help or "").split())
     named = doc.split("Some commands only read the store:", 1)[1].split("(simulate", 1)[0]
     for word in ("threads", "tenants", "show", "history", "events", "stats", "walks", "check", "backup", "serve",
-                 "recover", "delete", "sweep", "demo", "demo-worker", "demo-walk-worker"):
+                 "recover", "delete", "sweep", "demo"):
         assert word in named and word in LAZY_COMMANDS, word  # each command it names exists
 
 

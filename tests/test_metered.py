@@ -520,6 +520,7 @@ def test_every_queue_call_is_metered_with_its_outcome(store: MeteredCheckpointer
     queue.entry(a.entry_id)
     queue.entries(limit=5)
     queue.open_runs(["t1"])
+    assert queue.retry(a.entry_id) is None  # completed: not retried, nothing enqueued
     assert queue.depth().open == 0
     clock.advance(timedelta(hours=1))
     assert queue.purge(timedelta(minutes=1)).purged == (a.entry_id, b.entry_id)
