@@ -288,7 +288,8 @@ class CliState:
                 was, byte for byte.
 
         Raises:
-            CliError: the URL is bad (:data:`EXIT_USAGE`), names a SQLite file that does not exist, or a
+            CliError: the URL is bad, or names a SQLite file whose directory does not exist (:data:`EXIT_USAGE`,
+                kind ``ValidationError``), names a SQLite file that does not exist, or a
                 PostgreSQL schema with no store, and ``create`` is False (:data:`EXIT_FAILED`, kind
                 ``StoreNotFound`` for SQLite, ``ProcessingError`` for PostgreSQL), or the store could not be opened.
         """
@@ -301,6 +302,9 @@ class CliState:
             try:
                 path = sqlite_file(self.store_url)
                 if path is not None and not create and not os.path.exists(path):
+                    from threadloom.persistence.sqlite.store import check_path
+
+                    check_path(path)  # a missing directory is a bad URL, not a store to create
                     raise CliError(
                         f"no store at {os.path.abspath(path)!r}; check the path, or create one: 'threadloom "
                         f"--store sqlite:///{path} serve --graph module:attr' (a worker), 'queue enqueue', 'demo', or "

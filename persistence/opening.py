@@ -101,7 +101,9 @@ def open_store(url: str, **options: Any) -> Checkpointer:
     Raises:
         ValidationError: ``url`` is not a str, names no known store or is malformed (field ``url``; the message
             never shows a password), an option is one the chosen store does not take (field: the option), or
-            ``slow_call`` / ``$THREADLOOM_SLOW_CALL_MS`` is not a duration >= 0; nothing is opened.
+            ``slow_call`` / ``$THREADLOOM_SLOW_CALL_MS`` is not a duration >= 0; nothing is opened. For SQLite
+            also (field ``path``) a path that names no file (a directory, a FIFO), or a file whose directory does
+            not exist: not retryable, nothing is created.
         ProcessingError: the store cannot be opened (as its constructor documents).
     """
     if not isinstance(url, str):

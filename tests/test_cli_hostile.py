@@ -324,6 +324,25 @@ def test_a_command_never_creates_a_missing_sqlite_file(tmp_path, monkeypatch, co
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["threads"], ["events", "x"], ["walks"], ["sweep"], ["queue", "enqueue", "t", "--graph", "g"]],
+    ids=lambda command: command[0] if command[0] != "queue" else "enqueue",
+)
+def test_a_sqlite_file_in_a_missing_directory_is_a_usage_error_naming_the_directory(tmp_path, monkeypatch, command):
+    """Found by a user: a command that creates its store said 'cannot open store' (a retryable failure) and a
+    command that reads suggested creating a store where no file can be."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///missing/x.db", url_of(tmp_path / "missing" / "x.db")):
+        result = run("--store", url, *command)
+        assert result.exit_code == EXIT_USAGE, result.output
+        line = one_error_line(result)
+        assert f"the directory {str(tmp_path / 'missing')!r}" in line and "does not exist" in line, line
+    result = run("--store", "sqlite:///missing/x.db", "--json", *command)
+    assert json.loads(result.stdout)["error"]["type"] == "ValidationError"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("url", ["sqlite:///x.db?mode=ro", "sqlite:///x.db#frag", "sqlite:///x.db?"])
 def test_a_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path, monkeypatch, url):
     monkeypatch.chdir(tmp_path)

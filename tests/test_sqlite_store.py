@@ -243,16 +243,31 @@ def test_a_directory_is_refused_as_a_path(tmp_path: pathlib.Path) -> None:
     assert "directory" in str(info.value)
 
 
-def test_a_missing_directory_is_a_processing_error_without_a_sqlite_traceback(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_missing_directory_is_a_validation_error_naming_it_and_nothing_is_created(
+    tmp_path: pathlib.Path, read_only: bool
+) -> None:
+    """Found by a user: a missing directory was ``StoreUnavailable`` (retryable), but no retry creates it."""
     target = tmp_path / "missing" / "store.db"
-    with pytest.raises(ProcessingError) as info:
-        SqliteCheckpointer.open(target)
+    with pytest.raises(ValidationError) as info:
+        SqliteCheckpointer.open(target, read_only=read_only)
     error = info.value
-    assert type(error) is StoreUnavailable  # retryable once the directory is there
-    assert error.operation == "open"
-    assert str(target) in error.message and "directory exists" in error.message
-    assert error.__cause__ is None and error.__suppress_context__
+    assert error.field == "path" and not error.retryable
+    assert f"the directory {str(tmp_path / 'missing')!r}" in str(error) and "does not exist" in str(error)
     assert not (tmp_path / "missing").exists()
+    with pytest.raises(ValidationError) as through_url:
+        open_store(f"sqlite:///{target}", read_only=read_only)
+    assert through_url.value.field == "path" and "does not exist" in str(through_url.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_in_place_of_the_directory_is_a_validation_error(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "plain").write_text("a file, not a directory")
+    for target in (tmp_path / "plain" / "store.db", tmp_path / "plain" / "sub" / "store.db"):
+        with pytest.raises(ValidationError) as info:
+            SqliteCheckpointer.open(target)
+        assert info.value.field == "path" and str(tmp_path / "plain") in str(info.value)
+    assert (tmp_path / "plain").read_text() == "a file, not a directory"
 
 
 def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: pathlib.Path) -> None:

@@ -88,7 +88,16 @@ _UNSTAMPED = (None, None, None)
 _NO_POSITION = 2**63 - 1  # above every position: search_history without ``before`` reads from the latest down
 
 
-def _check_path(path: Any) -> str:
+def check_path(path: Any) -> str:
+    """The absolute path of the store file ``path`` names, as :meth:`SqliteCheckpointer.open` takes it.
+
+    Touches nothing: it only looks at what is there.
+
+    Raises:
+        ValidationError: (field ``path``) ``path`` is not a file path (a directory, a FIFO or another file that
+            is not a regular file, empty, ``:memory:``), or names a missing file whose directory does not exist
+            or is not a directory.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise ValidationError("path", (f"must be a str or os.PathLike, got {type(path).__name__}",))
     text = os.fspath(path)
@@ -105,13 +114,33 @@ def _check_path(path: Any) -> str:
         raise ValidationError("path", (f"{text!r} is a directory; give the path of a database file in it",))
     try:
         mode = os.stat(absolute).st_mode
-    except OSError:  # absent (a store is created there) or unreadable: opening it says which
+    except (FileNotFoundError, NotADirectoryError):  # absent: a store is created there, if its directory is one
+        _check_directory(text, os.path.dirname(absolute))
+        return absolute
+    except OSError:  # unreadable (no search permission...): opening it says so
         return absolute
     if not stat.S_ISREG(mode):
         raise ValidationError(
             "path", (f"{text!r} is not a regular file (a FIFO, a device, a socket); give the path of a database file",)
         )
     return absolute
+
+
+def _check_directory(text: str, directory: str) -> None:
+    """Refuses the path of a file whose directory does not exist, or is not a directory: no retry makes it one.
+
+    A directory that exists but cannot be searched or written (permissions, a lock) is left to the open, which
+    reports it as ``StoreUnavailable`` (that may pass)."""
+    try:
+        mode = os.stat(directory).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise ValidationError(
+            "path", (f"the directory {directory!r} of {text!r} does not exist; create it first",)
+        ) from None
+    except OSError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise ValidationError("path", (f"{directory!r}, the directory of {text!r}, is not a directory",))
 
 
 def _expiry(field: str, now: datetime, ttl: timedelta) -> datetime:
@@ -191,8 +220,8 @@ class SqliteCheckpointer(StoreBase):
         With ``read_only=True`` nothing is created, migrated or written (README: "The `threadloom` command").
 
         Args:
-            path: the database file (str or path-like); its directory must exist. Relative paths are resolved
-                against the working directory now.
+            path: the database file (str or path-like); its directory must exist (it is never created).
+                Relative paths are resolved against the working directory now.
             clock: the store's clock (default :class:`SystemClock`); it decides claim expiry, ``updated_at``,
                 tombstone and retention age. Every store over one file must read the same time: a process whose
                 clock runs ahead takes over live claims and prunes what is not yet old (README "Limits").
@@ -219,15 +248,18 @@ class SqliteCheckpointer(StoreBase):
 
         Raises:
             ValidationError: ``path`` is not a file path (a directory, a FIFO or another file that is not a
-                regular file, empty, ``:memory:``) or another argument is bad; nothing was created.
-            StoreUnavailable: the file cannot be opened or created (a missing directory, not writable) or stayed
-                busy; retry once that is fixed. With ``read_only``: no file at ``path``, or it cannot be read.
+                regular file, empty, ``:memory:``), names a file whose directory does not exist (or is not a
+                directory; with ``read_only`` too), or another argument is bad; nothing was created. Not
+                retryable: no retry creates the directory.
+            StoreUnavailable: the file cannot be opened or created (its directory exists but cannot be searched
+                or written) or stayed busy; retry once that is fixed. With ``read_only``: no file at ``path`` in
+                an existing directory, or it cannot be read.
             StoreCorrupt: the file is not a SQLite database, is damaged, or was written by a newer version of
                 threadloom; not retryable. With ``read_only`` also: an empty file, or a SQLite database that holds
                 no threadloom store ("... is not a threadloom store").
             ProcessingError: with ``read_only``: a store of an older schema (a read does not migrate it).
         """
-        absolute = _check_path(path)
+        absolute = check_path(path)
         if clock is None:
             clock = SystemClock()
         else:
