@@ -6,13 +6,19 @@ holder's pace allowed when it recorded its last page (known only while a live ho
 The graph kinds listed are those the live members of the walk group serve, plus each ``--graph`` given: a kind
 whose every node stopped is listed only by ``--graph``. With ``--follow`` a progress bar per kind shows the
 count against the kind's threads, until every listed walk is completed and no live member serves another schema
-of its kind (``waiting``: a rolling release whose walk has not started yet), or Ctrl-C. The store is only read (a
-SQLite file is opened read-only).
+of its kind (``waiting``: a rolling release whose walk has not started yet), or Ctrl-C or SIGTERM (exit status 0
+either way). A kind listed once stays followed when its members stop (a rolling restart); when no kind is listed
+at the start, ``--follow`` prints what ``walks`` prints and ends at once. The store is only read (a SQLite file
+is opened read-only).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -130,21 +136,34 @@ def _table(rows: list[dict[str, Any]], group: str) -> Table:
     return table
 
 
+NO_WALKS = "no walks: no live member serves a schema in this group; name a kind with --graph"
+"""What ``walks`` prints when it lists no kind (``--follow`` too: then nothing is left to wait for)."""
+
+
 def _settled(rows: list[dict[str, Any]]) -> bool:
-    """True when every row's walk is completed and no other schema's walk waits (``--follow`` ends)."""
-    return bool(rows) and all(row["completed"] and not row["waiting"] for row in rows)
+    """True when every row's walk is completed and no other schema's walk waits (``--follow`` ends): also when
+    no kind is listed (nothing walks, nothing waits)."""
+    return all(row["completed"] and not row["waiting"] for row in rows)
 
 
 def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], every: float) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    # A kind once listed stays listed (as if named by --graph): a walk whose every member stopped mid-walk (a
+    # rolling restart) is followed until it completes, not dropped as "no walks".
+    followed = set(graphs)
     if state.json_output:
         while True:
-            rows = walk_rows(store, group, graphs)
+            rows = walk_rows(store, group, tuple(sorted(followed)))
             click.echo(_json_line({"group": group, "walks": rows}))
             if _settled(rows):
                 return
+            followed.update(row["graph_id"] for row in rows)
             time.sleep(every)
+    rows = walk_rows(store, group, graphs)
+    if not rows:
+        state.out.print(NO_WALKS)
+        return
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -156,7 +175,6 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
     totals: dict[str, tuple[str | None, int]] = {}  # graph id -> (schema, threads) counted once per walk
     with progress:
         while True:
-            rows = walk_rows(store, group, graphs)
             for row in rows:
                 graph_id, count = row["graph_id"], row["count"]
                 known = totals.get(graph_id)
@@ -173,7 +191,24 @@ def _follow(state: CliState, store: Any, group: str, graphs: tuple[str, ...], ev
                 progress.update(tasks[graph_id], completed=done, total=total, detail=detail)
             if _settled(rows):
                 return
+            followed.update(row["graph_id"] for row in rows)
             time.sleep(every)
+            rows = walk_rows(store, group, tuple(sorted(followed)))
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While in the block, SIGTERM (a service manager's stop, ``kill``) raises ``KeyboardInterrupt`` as Ctrl-C
+    does, on the main thread only; the previous handler is put back after."""
+    sigterm = getattr(signal, "SIGTERM", None)
+    if sigterm is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(sigterm, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(sigterm, previous if previous is not None else signal.SIG_DFL)
 
 
 def _json_line(document: Any) -> str:
@@ -193,7 +228,8 @@ def _json_line(document: Any) -> str:
     "--follow",
     "-f",
     is_flag=True,
-    help="Show a progress bar per kind until every walk completed and none waits, or Ctrl-C.",
+    help="Show a progress bar per kind until every walk completed and none waits (at once when none is listed), "
+    "or Ctrl-C / SIGTERM.",
 )
 @click.option(
     "--every",
@@ -209,8 +245,8 @@ def walks(ctx: click.Context, group: str, graphs: tuple[str, ...], follow: bool,
     Kinds listed: those the group's live members serve, and each --graph. The live share is the share the
     holder's pace allowed when it recorded its last page (shown only while a live holder walks). With --follow,
     a progress bar per kind (count against the kind's threads) until every listed walk completed and no live
-    member serves another schema of its kind (the 'waiting' column), or Ctrl-C;
-    with --json and --follow, one JSON object per line. Reads only.
+    member serves another schema of its kind (the 'waiting' column), or Ctrl-C / SIGTERM (exit status 0); it
+    ends at once when no kind is listed. With --json and --follow, one JSON object per line. Reads only.
     """
     from threadloom.domain.access import member_group
 
@@ -225,8 +261,9 @@ def walks(ctx: click.Context, group: str, graphs: tuple[str, ...], follow: bool,
     try:
         if follow:
             try:
-                _follow(state, store, group, graphs, every)
-            except KeyboardInterrupt:
+                with _sigterm_interrupts():
+                    _follow(state, store, group, graphs, every)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the normal end of following (exit status 0)
                 return
             return
         rows = walk_rows(store, group, graphs)
@@ -236,6 +273,6 @@ def walks(ctx: click.Context, group: str, graphs: tuple[str, ...], follow: bool,
         state.emit({"group": group, "walks": rows})
         return
     if not rows:
-        state.out.print("no walks: no live member serves a schema in this group; name a kind with --graph")
+        state.out.print(NO_WALKS)
         return
     state.out.print(_table(rows, group))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -197,3 +201,84 @@ def test_walks_shows_no_share_for_a_walk_record_whose_share_is_not_one(tmp_path:
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)["walks"]
     assert row["holder"] == "walker" and row["share"] is None
+
+
+def _follower(backend: Backend, tmp_path: Path, *args: str) -> Any:
+    return subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--store", backend.url, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["table", "json"])
+def test_walks_follow_with_no_walk_says_so_and_ends_at_once(backend: Backend, tmp_path: Path, json_output: bool) -> None:
+    """Found by a user: on a store with no walk, ``walks --follow`` printed nothing until it was killed."""
+    with backend.open() as store:
+        fill(store, 2)  # threads, but no node declares a schema: nothing walks, nothing waits
+    plain = run(backend, *(["--json"] if json_output else []), "walks")
+    follower = _follower(backend, tmp_path, *(["--json"] if json_output else []), "walks", "--follow")
+    try:
+        out, err = follower.communicate(timeout=60)  # a follower that never ends fails here, not forever
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 0, err
+    assert err == ""
+    if json_output:  # one line, as every line of --follow --json; what plain walks prints, compact
+        assert out.count("\n") == 1 and json.loads(out) == json.loads(plain.output) == {"group": "threadloom", "walks": []}
+    else:
+        assert out == plain.output and out.startswith("no walks: no live member serves a schema")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_walks_follow_ends_with_status_0_on_sigterm_or_ctrl_c(backend: Backend, tmp_path: Path, sig: str) -> None:
+    """Found by a user: SIGTERM ended ``walks --follow`` with status 143 (``events --follow`` ends with 0)."""
+    with backend.open() as store:
+        fill(store, 2)
+    follower = _follower(backend, tmp_path, "--json", "walks", "--follow", "--graph", "g", "--every", "0.1")
+    try:
+        assert follower.stdout is not None
+        first = json.loads(follower.stdout.readline())  # following: the walk of g has not started
+        assert first["walks"][0]["graph_id"] == "g" and first["walks"][0]["completed"] is False
+        follower.send_signal(getattr(signal, sig))
+        assert follower.wait(timeout=60) == 0
+        assert follower.stderr is not None and "Traceback" not in follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+
+
+def test_walks_follow_keeps_following_a_kind_whose_members_stopped(backend: Backend, tmp_path: Path) -> None:
+    """A kind listed once stays followed when its last member's heartbeat lapses (a rolling restart): --follow
+    neither ends with "no walks" nor drops the kind while its walk has not completed."""
+    with backend.open() as store:
+        fill(store, 2)
+        seen = threading.Event()
+
+        def beat() -> None:  # a live member until the follower listed it, then it stops (no restart yet)
+            while not seen.is_set():
+                store.heartbeat("threadloom#access", "node-1", [f"g@{HASH}"], timedelta(seconds=1))
+                seen.wait(0.2)
+
+        store.heartbeat("threadloom#access", "node-1", [f"g@{HASH}"], timedelta(seconds=1))
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        follower = _follower(backend, tmp_path, "--json", "walks", "--follow", "--every", "0.1")
+        try:
+            assert follower.stdout is not None
+            rows = json.loads(follower.stdout.readline())["walks"]
+            seen.set()
+            beating.join()
+            assert [row["graph_id"] for row in rows] == ["g"] and rows[0]["members"] == [f"node-1@{HASH}"]
+            while rows[0]["members"]:  # until the heartbeat lapsed
+                rows = json.loads(follower.stdout.readline())["walks"]
+                assert [row["graph_id"] for row in rows] == ["g"]
+            assert rows[0]["completed"] is False and follower.poll() is None
+            follower.send_signal(signal.SIGTERM)
+            assert follower.wait(timeout=60) == 0
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
