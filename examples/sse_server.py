@@ -18,7 +18,10 @@ Routes:
 Each event is one SSE message: ``id`` is the event's ``seq`` (a client reconnects with ``Last-Event-ID`` and misses
 nothing), ``event`` its type, ``data`` the JSON of ``{"seq", "run_id", "type", "payload"}``.
 
-Run it::
+Run it (``[STORE_URL [PORT]]``; defaults ``sqlite:///threadloom.db`` in the working directory and port 8080, port 0:
+any free one). It prints one line, ``listening on http://127.0.0.1:PORT (store URL)``, and serves until Ctrl-C or
+SIGTERM (exit status 0). A bad argument, a bad store URL included, is one line on stderr and exit status 2; a store
+that cannot be opened or a port that cannot be listened on, one line and exit status 1::
 
     python -m threadloom.examples.sse_server sqlite:///demo.db 8080
     curl -N -X POST localhost:8080/threads/t1/runs -d '{"graph": "echo", "input": {"text": "hello"}}'
@@ -334,19 +337,81 @@ ECHO = Graph("echo", {"echo": _echo}, entry="echo")
 """A demo graph: one async node that emits each word of ``input["text"]`` as a ``token`` event."""
 
 
+DEFAULT_URL = "sqlite:///threadloom.db"
+"""The store the program serves when run without arguments (a file in the working directory)."""
+DEFAULT_PORT = 8080
+"""The port the program listens on when none is given."""
+USAGE = "usage: python -m threadloom.examples.sse_server [STORE_URL [PORT]]"
+
+
 async def main(url: str, port: int) -> None:  # pragma: no cover - the command-line demo
+    """Serves the echo graph over the store at ``url`` on ``port`` until SIGINT or SIGTERM, then closes the
+    server, the runtime (its runs stop at their next step and release their claims) and the store.
+
+    Raises:
+        ValidationError: ``url`` is bad; nothing was opened.
+        ProcessingError: the store cannot be opened.
+        OSError: the port cannot be listened on (in use, not allowed).
+    """
+    import signal
+
     from threadloom.persistence.opening import open_store
+    from threadloom.persistence.urls import redact_url
 
     store = open_store(url)
     runtime = GraphRuntime(store)
-    server = await SseServer(runtime, {ECHO.graph_id: ECHO}).start(port=port)
-    print(f"listening on http://127.0.0.1:{server.port}", flush=True)
+    server: SseServer | None = None
     try:
-        await asyncio.Event().wait()
+        server = await SseServer(runtime, {ECHO.graph_id: ECHO}).start(port=port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"listening on http://127.0.0.1:{server.port} (store {redact_url(url)})", flush=True)
+        await stop.wait()
     finally:
-        await server.close()
+        if server is not None:
+            await server.close()
         runtime.close()
         store.close()
+
+
+def run(argv: list[str]) -> int:  # pragma: no cover - the command-line demo
+    """The program: ``[STORE_URL [PORT]]`` (defaults :data:`DEFAULT_URL`, :data:`DEFAULT_PORT`; port 0: any free
+    one). Returns the exit status: 0 once stopped by SIGINT or SIGTERM, 2 for a bad argument (a bad store URL
+    included), 1 when the store cannot be opened or the port cannot be listened on; an error is one line on
+    stderr."""
+    from threadloom.persistence.urls import url_secrets
+
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(argv) > 2:
+        print(f"sse_server: error: at most two arguments, got {len(argv)} ({USAGE})", file=sys.stderr)
+        return 2
+    url = argv[0] if argv else DEFAULT_URL
+    port = _number(argv[1]) if len(argv) > 1 else DEFAULT_PORT
+    if port is None or port > 65535:
+        print(f"sse_server: error: PORT must be a number from 0 to 65535, got {argv[1]!r} ({USAGE})", file=sys.stderr)
+        return 2
+
+    def fail(message: str, status: int) -> int:
+        for secret in url_secrets(url):
+            message = message.replace(secret, "***")
+        print(f"sse_server: error: {message}", file=sys.stderr)
+        return status
+
+    try:
+        asyncio.run(main(url, port))
+    except ValidationError as error:
+        return fail(f"bad store URL: {error}", 2)
+    except ThreadloomError as error:
+        return fail(f"cannot open the store: {error}", 1)
+    except OSError as error:
+        return fail(f"cannot listen on port {port}: {error.strerror or error}", 1)
+    except KeyboardInterrupt:  # Ctrl-C before the server listened: nothing served yet
+        return 130
+    return 0
 
 
 def quiet_logs() -> None:
@@ -364,5 +429,4 @@ def quiet_logs() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     quiet_logs()
-    url_arg = sys.argv[1] if len(sys.argv) > 1 else "sqlite:///threadloom.db"
-    asyncio.run(main(url_arg, int(sys.argv[2]) if len(sys.argv) > 2 else 8080))
+    sys.exit(run(sys.argv[1:]))

@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -152,23 +157,87 @@ def test_a_stream_of_a_thread_not_yet_started_answers_200_and_gets_the_run_that_
         conn.close()
 
 
+def _program(*args: str, cwd: Any = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "threadloom.examples.sse_server", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+    )  # fmt: skip
+
+
+def _listening(server: subprocess.Popen[str], url: str) -> int:
+    """The port of the program's one line, ``listening on http://127.0.0.1:PORT (store URL)``."""
+    assert server.stdout is not None
+    first = server.stdout.readline()
+    matched = re.fullmatch(r"listening on http://127\.0\.0\.1:(\d+) \(store (.*)\)\n", first)
+    assert matched is not None and matched.group(2) == url, first
+    return int(matched.group(1))
+
+
 def test_the_example_run_as_a_program_prints_only_its_own_lines_on_stdout(tmp_path) -> None:
     """Found by a user: run as a program, the example printed the runtime's structlog info lines on stdout."""
-    import subprocess
-    import sys
-
-    server = subprocess.Popen(
-        [sys.executable, "-m", "threadloom.examples.sse_server", f"sqlite:///{tmp_path / 'x.db'}", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    server = _program(url, "0")
     try:
-        assert server.stdout is not None
-        first = server.stdout.readline()
-        assert first.startswith("listening on http://127.0.0.1:"), first
-        port = int(first.rsplit(":", 1)[1])
+        port = _listening(server, url)
         status, messages = _post(port, "/threads/t/runs", {"graph": "echo", "input": {"text": "a b"}})
         assert status == 200 and messages, messages
     finally:
         server.terminate()
         out, _err = server.communicate(timeout=30)
     assert out == "", out  # nothing after the "listening" line: the run's log lines went to stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_program_stops_on_sigterm_or_ctrl_c_with_status_0_and_releases_what_it_held(tmp_path, sig) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    server = _program(url, "0")
+    try:
+        port = _listening(server, url)
+        status, _messages = _post(port, "/threads/t/runs", {"graph": "echo", "input": {"text": "a"}})
+        assert status == 200
+        server.send_signal(sig)
+        _out, err = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0 and "Traceback" not in err, err
+    with SqliteCheckpointer.open(str(tmp_path / "x.db")) as store:
+        assert store.current_claim("t") is None  # the runtime was closed: no claim left to expire
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["sqlite:/bad.db", "8081"], "bad store URL: invalid url: 'sqlite:/bad.db' is not of the form"),
+        (["nosuchstore://x", "0"], "bad store URL: invalid url:"),
+        (["sqlite:///missing/x.db", "0"], "bad store URL: invalid path: the directory"),
+        (["sqlite:///x.db", "http"], "PORT must be a number from 0 to 65535, got 'http'"),
+        (["sqlite:///x.db", "65536"], "PORT must be a number from 0 to 65535"),
+        (["sqlite:///x.db", "0", "more"], "at most two arguments, got 3"),
+    ],
+    ids=["sqlite-url", "scheme", "missing-dir", "port-text", "port-range", "three-args"],
+)
+def test_a_bad_argument_is_one_line_on_stderr_and_exit_status_2(tmp_path, args, says) -> None:
+    """Found by a user: a bad store URL printed a traceback from ``open_store`` (exit status 1)."""
+    program = _program(*args, cwd=tmp_path)
+    out, err = program.communicate(timeout=60)
+    assert program.returncode == 2, err
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("sse_server: error: ") and says in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_a_store_that_cannot_be_opened_and_a_port_in_use_are_one_line_and_exit_status_1(tmp_path) -> None:
+    (tmp_path / "notes.db").write_bytes(b"not a database " * 500)
+    program = _program(f"sqlite:///{tmp_path / 'notes.db'}", "0")
+    _out, err = program.communicate(timeout=60)
+    assert program.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("sse_server: error: cannot open the store:") and "not a SQLite database" in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        program = _program(f"sqlite:///{tmp_path / 'x.db'}", str(port))
+        _out, err = program.communicate(timeout=60)
+    assert program.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"sse_server: error: cannot listen on port {port}:") and "in use" in err, err
