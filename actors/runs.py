@@ -21,6 +21,7 @@ from threadloom.actors.graph import Graph, NodeContext, RunOutcome
 from threadloom.actors.metrics import RuntimeMetrics
 from threadloom.actors.policies import ClaimPolicy
 from threadloom.actors.scheduler import IdFactory, Scheduler
+from threadloom.domain import validation as v
 from threadloom.domain.clock import Clock
 from threadloom.domain.values import CheckpointOrigin, RunClaim
 from threadloom.persistence.base import Checkpointer
@@ -134,7 +135,7 @@ class RunHandle:
         """Waits for the run to end and returns how it ended well.
 
         Args:
-            timeout: how long to wait (None: until it ends).
+            timeout: how long to wait, a ``timedelta`` of zero or more (None: until it ends).
 
         Returns:
             The outcome: ``COMPLETED`` or ``SUSPENDED``, with the last checkpoint's state.
@@ -163,6 +164,8 @@ class RunHandle:
                 or in a node's (``ctx.effect``, ``ctx.spawn``); the thread stays as its last commit left it
                 (incomplete, for a recovery).
             TimeoutError: ``timeout`` passed first; the run goes on.
+            ValidationError: ``timeout`` is not a ``timedelta`` (a number of seconds included) nor None, or is
+                negative; nothing waited, the run goes on.
         """
         self._await(self._done, timeout)
         return self._done.result(0)
@@ -181,13 +184,15 @@ class RunHandle:
         return self._done.result(0)
 
     def exception(self, timeout: timedelta | None = None) -> BaseException | None:
-        """The error the run ended with, None if it ended well; waits like :meth:`wait`."""
+        """The error the run ended with, None if it ended well; waits like :meth:`wait` (``timeout`` as there:
+        ``TimeoutError`` when it passes first, ``ValidationError`` when it is not a ``timedelta`` of zero or
+        more nor None)."""
         self._await(self._done, timeout)
         return self._done.exception(0)
 
     def _await(self, future: concurrent.futures.Future[Any], timeout: timedelta | None) -> None:
         """Waits (through the runtime's scheduler) until ``future`` is done; TimeoutError after ``timeout``."""
-        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
+        seconds = v.wait_seconds("timeout", timeout)
         if future.done():
             return
         if self._scheduler is not None:

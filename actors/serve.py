@@ -38,6 +38,7 @@ from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import ServePolicy
 from threadloom.actors.runs import RunHandle, RunKind
 from threadloom.actors.scheduler import Task
+from threadloom.domain import validation as v
 from threadloom.domain.errors import (
     CancelledError,
     InvalidRunState,
@@ -93,9 +94,16 @@ class Server:
         self.stop_event.set()
 
     def join(self, timeout: timedelta | None = None) -> None:
-        """Waits for the background workers to end (not a worker running on the calling thread)."""
+        """Waits for the background workers to end (not a worker running on the calling thread), each up to
+        ``timeout`` (a ``timedelta`` of zero or more; None: no bound); returns even if some still run.
+
+        Raises:
+            ValidationError: ``timeout`` is not a ``timedelta`` (a number of seconds included) nor None, or is
+                negative; nothing waited.
+        """
+        seconds = v.wait_seconds("timeout", timeout)
         for task in list(self._tasks):
-            task.join(None if timeout is None else timeout.total_seconds())
+            task.join(seconds)
 
     def _alive(self) -> bool:
         return any(task.alive for task in self._tasks)

@@ -27,6 +27,7 @@ from threadloom.actors.graph import END_EVENTS
 from threadloom.actors.logs import log as _log
 from threadloom.actors.policies import WatchPolicy
 from threadloom.actors.scheduler import Scheduler, Task
+from threadloom.domain import validation as v
 from threadloom.domain.errors import CancelledError, ProcessingError, TenantMismatch, ThreadloomError
 from threadloom.domain.values import EventRecord
 from threadloom.persistence.base import Checkpointer
@@ -429,16 +430,22 @@ class Subscription:
     def get(self, timeout: timedelta | None = None) -> EventRecord | None:
         """The next event, waiting up to ``timeout`` (None: until one comes or the subscription ends).
 
+        Args:
+            timeout: how long to wait, a ``timedelta`` of zero or more (``timedelta(0)``: only what is queued);
+                None: no bound.
+
         Returns:
             The next event in ``seq`` order; None on timeout, after :meth:`cancel`, or once the subscription
             ended and every event was delivered.
 
         Raises:
+            ValidationError: ``timeout`` is not a ``timedelta`` (a number of seconds included) nor None, or is
+                negative; nothing was taken from the subscription.
             ThreadDeleted, ReplayUnavailable, TenantMismatch, StoreCorrupt, StoreClosed: the watch ended with it
                 (raised once every event before it was delivered). ``StoreClosed`` names the subscription and the
                 ``seq`` to subscribe again after.
         """
-        seconds = None if timeout is None else max(0.0, timeout.total_seconds())
+        seconds = v.wait_seconds("timeout", timeout)
         with self._cond:
             self._blocked += 1
             try:
@@ -517,14 +524,19 @@ class Subscription:
         """Ends the subscription at once: nothing is delivered after it returns, the watch stops promptly.
 
         Waits up to ``timeout`` for the watch's task to end (not when called from the watch itself).
+
+        Raises:
+            ValidationError: ``timeout`` is not a ``timedelta`` (a number of seconds included), or is negative;
+                the subscription was not cancelled.
         """
+        seconds = v.wait_seconds("timeout", timeout)
         with self._cond:
             self._cancelled = True
             self._queue.clear()
             self._notify()
         self._cancel.set()
         if self._task is not None:
-            self._task.join(timeout.total_seconds())
+            self._task.join(seconds)
         atask, aloop = self._atask, self._aloop
         if atask is not None and aloop is not None:
             if _on_loop(aloop):
@@ -534,7 +546,7 @@ class Subscription:
                     aloop.call_soon_threadsafe(self._stop_async)
                 except RuntimeError:  # that loop closed: the tasks are gone with it
                     return
-                self._adone.wait(timeout.total_seconds())
+                self._adone.wait(seconds)
 
     def _stop_async(self) -> None:
         """On the subscriber's loop: stops the replay task, or leaves the tail and ends."""

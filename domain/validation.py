@@ -120,6 +120,19 @@ def check_non_negative_duration(field: str, value: Any) -> timedelta:
     return value
 
 
+def wait_seconds(field: str, value: Any) -> float | None:
+    """A wait's ``timeout`` as seconds for the threading primitives: None stays None (no bound), a ``timedelta``
+    of zero or more (at most :data:`MAX_DURATION`) becomes its seconds.
+
+    Raises:
+        ValidationError: (``field``) not None nor a ``timedelta`` (a number of seconds included: durations are
+            ``timedelta`` throughout the API), negative, or longer than :data:`MAX_DURATION`.
+    """
+    if value is None:
+        return None
+    return check_non_negative_duration(field, value).total_seconds()
+
+
 def check_instance(field: str, value: Any, kind: type) -> Any:
     """``value`` when it is a ``kind`` (a subclass too), else ``ValidationError`` naming ``field``."""
     if not isinstance(value, kind):

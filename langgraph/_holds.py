@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, TenantMismatch, ThreadBusy
+from threadloom.domain.validation import wait_seconds
 from threadloom.domain.values import ClaimRequest, PendingWrite
 from threadloom.langgraph import _mapping
 from threadloom.persistence.base import Checkpointer
@@ -117,7 +118,10 @@ class Holds:
             StoreClosed: the saver was closed.
             TenantMismatch: the thread's latest checkpoint is another tenant's than the saver's; no claim is kept.
             ThreadBusy: another run holds the thread (after waiting up to ``wait`` when given).
+            ValidationError: ``wait`` is not a ``timedelta`` (a number of seconds included) nor None, or is
+                negative; nothing claimed.
         """
+        wait_seconds("wait", wait)
         if self._stop.is_set():
             raise StoreClosed("langgraph", "the saver is closed; nothing written")
         with self._lock:

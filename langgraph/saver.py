@@ -228,10 +228,17 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
         blocks the thread's next claim.
 
+        Args:
+            thread_id: the LangGraph thread.
+            wait: how long to wait for another run's claim to end, a ``timedelta`` of zero or more (default None:
+                no wait).
+
         Raises:
             ThreadBusy: another run holds the thread and did not end within ``wait`` (default: no wait); nothing
                 changed, retrying later is safe.
             StoreClosed: the saver was closed.
+            ValidationError: ``wait`` is not a ``timedelta`` (a number of seconds included) nor None, or is
+                negative; nothing changed.
         """
         name = m.store_thread(thread_id, "")
         self._holds.acquire(name, explicit=True, wait=wait)
@@ -242,7 +249,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
     @contextlib.asynccontextmanager
     async def ahold(self, thread_id: str, *, wait: timedelta | None = None) -> AsyncIterator[None]:
-        """The async form of :meth:`hold`."""
+        """The async form of :meth:`hold` (``wait`` and errors as there)."""
+        v.wait_seconds("wait", wait)  # refused on the caller's loop, before any claim
         name = m.store_thread(thread_id, "")
         await self._run(functools.partial(self._holds.acquire, name, explicit=True, wait=wait))
         try:

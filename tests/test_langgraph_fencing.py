@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from threadloom import StaleClaim, ThreadBusy
+from threadloom import StaleClaim, ThreadBusy, ValidationError
 from threadloom.domain.clock import ManualClock
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.memory.store import InMemoryCheckpointer
@@ -99,6 +99,39 @@ def test_second_host_run_is_busy_then_waits(two_stores) -> None:
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    ("wait", "says"),
+    [(1.0, "must be a timedelta, got float"), (5, "must be a timedelta, got int"),
+     (timedelta(seconds=-1), "must not be negative")],
+    ids=["float-seconds", "int-seconds", "negative"],
+)  # fmt: skip
+def test_a_hold_wait_that_is_not_a_timedelta_of_zero_or_more_is_a_validation_error(wait, says) -> None:
+    """Found by a user (on ``Subscription.get``): a number of seconds raised ``AttributeError``. Durations are
+    ``timedelta`` throughout the API; ``hold``/``ahold`` refuse anything else, naming ``wait``, before claiming."""
+    import asyncio
+
+    store = InMemoryCheckpointer()
+    saver = ThreadloomSaver(store)
+    try:
+        with pytest.raises(ValidationError) as caught, saver.hold("v1", wait=wait):
+            pass
+        assert caught.value.field == "wait" and says in str(caught.value)
+
+        async def ahold() -> None:
+            async with saver.ahold("v1", wait=wait):
+                pass
+
+        with pytest.raises(ValidationError) as caught:
+            asyncio.run(ahold())
+        assert caught.value.field == "wait" and says in str(caught.value)
+        assert store.current_claim("v1") is None  # nothing was claimed
+        with saver.hold("v1", wait=timedelta(0)):
+            assert store.current_claim("v1") is not None
+    finally:
+        saver.close()
+        store.close()
 
 
 def test_two_executions_of_a_task_never_mix(two_stores) -> None:

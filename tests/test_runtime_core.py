@@ -290,6 +290,64 @@ def test_bad_arguments_are_validation_errors(runtime):
         Graph("g", {"a": lambda s, c: Step.end(s)}, entry="b")
 
 
+BAD_TIMEOUTS = [
+    pytest.param(0.5, "must be a timedelta, got float", id="float-seconds"),
+    pytest.param(1, "must be a timedelta, got int", id="int-seconds"),
+    pytest.param(True, "must be a timedelta, got bool", id="bool"),
+    pytest.param("1s", "must be a timedelta, got str", id="text"),
+    pytest.param(timedelta(seconds=-1), "must not be negative", id="negative"),
+    pytest.param(timedelta.max, "must be at most 36500 days", id="past-the-longest"),
+]
+
+
+@pytest.mark.parametrize(("timeout", "says"), BAD_TIMEOUTS)
+def test_a_timeout_that_is_not_a_timedelta_of_zero_or_more_is_a_validation_error_naming_it(runtime, timeout, says):
+    """Found by a user: ``subscribe(...).get(timeout=0.5)`` raised ``AttributeError``. Durations are
+    ``timedelta`` throughout the API (as ``await_events_after``'s ``timeout``, every ttl and policy): every wait
+    refuses anything else, naming ``timeout``, before it waits or changes anything."""
+    graph = linear_graph(Counter())
+    subscription = runtime.subscribe("t1")
+    handle = runtime.start("t1", graph)
+    server = runtime.serve([graph], block=False, signals=False)
+    calls = {
+        "Subscription.get": lambda: subscription.get(timeout),
+        "Subscription.get(timeout=)": lambda: subscription.get(timeout=timeout),
+        "Subscription.cancel": lambda: subscription.cancel(timeout),
+        "RunHandle.wait": lambda: handle.wait(timeout),
+        "RunHandle.exception": lambda: handle.exception(timeout),
+        "Server.join": lambda: server.join(timeout),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValidationError) as caught:
+            call()
+        assert caught.value.field == "timeout", name
+        assert says in str(caught.value), (name, str(caught.value))
+    assert subscription.active  # the refused cancel cancelled nothing
+    assert handle.wait(WAIT).status is CheckpointStatus.COMPLETED  # the refused waits left the run alone
+    first = subscription.get(WAIT)  # nothing was taken from the subscription
+    assert first is not None and first.seq == 1
+    server.stop()
+    server.join(WAIT)
+
+
+@pytest.mark.parametrize("timeout", [None, timedelta(0), timedelta(milliseconds=20)], ids=["none", "zero", "20ms"])
+def test_a_wait_takes_none_zero_or_a_timedelta(runtime, timeout):
+    handle = runtime.start("t1", linear_graph(Counter()))
+    handle.wait(WAIT)
+    assert handle.wait(timeout).status is CheckpointStatus.COMPLETED  # an ended run: at once, whatever the bound
+    assert handle.exception(timeout) is None
+    if timeout is None:  # no bound: until the next event
+        subscription = runtime.subscribe("t1")
+        first = subscription.get(timeout)
+        assert first is not None and first.seq == 1
+        subscription.cancel(WAIT)
+    else:
+        quiet = runtime.subscribe("quiet")
+        assert quiet.get(timeout) is None  # nothing comes: None once the bound passed
+        quiet.cancel(timeout)
+        assert not quiet.active
+
+
 def test_a_short_ttl_alone_makes_a_policy_that_renews_in_time(store):
     """``ClaimPolicy(ttl=3 s)`` used to be refused (the default renew_every, 10 s, is not shorter)."""
     assert ClaimPolicy(ttl=timedelta(seconds=3)).renew_every == timedelta(seconds=1)
