@@ -46,6 +46,7 @@ from threadloom.domain.errors import (
     ValidationError,
 )
 from threadloom.domain.values import EventRecord
+from threadloom.persistence.base import Checkpointer
 
 MAX_BODY = 1024 * 1024
 """The longest request body the server reads (bytes)."""
@@ -344,35 +345,41 @@ DEFAULT_PORT = 8080
 USAGE = "usage: python -m threadloom.examples.sse_server [STORE_URL [PORT]]"
 
 
-async def main(url: str, port: int) -> None:  # pragma: no cover - the command-line demo
-    """Serves the echo graph over the store at ``url`` on ``port`` until SIGINT or SIGTERM, then closes the
-    server, the runtime (its runs stop at their next step and release their claims) and the store.
+async def main(url: str, port: int, store: Checkpointer | None = None) -> None:  # pragma: no cover - the demo
+    """Serves the echo graph over the store at ``url`` (or ``store``, already open) on ``port`` until SIGINT or
+    SIGTERM, then closes the server, the runtime (its runs stop at their next step and release their claims) and
+    the store.
 
     Raises:
         ValidationError: ``url`` is bad; nothing was opened.
         ProcessingError: the store cannot be opened.
         OSError: the port cannot be listened on (in use, not allowed).
     """
+    import contextlib
     import signal
 
     from threadloom.persistence.opening import open_store
     from threadloom.persistence.urls import redact_url
 
-    store = open_store(url)
-    runtime = GraphRuntime(store)
-    server: SseServer | None = None
+    if store is None:
+        store = open_store(url)
     try:
-        server = await SseServer(runtime, {ECHO.graph_id: ECHO}).start(port=port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        print(f"listening on http://127.0.0.1:{server.port} (store {redact_url(url)})", flush=True)
-        await stop.wait()
+        runtime = GraphRuntime(store)
+        server: SseServer | None = None
+        try:
+            server = await SseServer(runtime, {ECHO.graph_id: ECHO}).start(port=port)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):  # a loop without signal handlers: Ctrl-C interrupts
+                    loop.add_signal_handler(sig, stop.set)
+            print(f"listening on http://127.0.0.1:{server.port} (store {redact_url(url)})", flush=True)
+            await stop.wait()
+        finally:
+            if server is not None:
+                await server.close()
+            runtime.close()
     finally:
-        if server is not None:
-            await server.close()
-        runtime.close()
         store.close()
 
 
@@ -381,6 +388,7 @@ def run(argv: list[str]) -> int:  # pragma: no cover - the command-line demo
     one). Returns the exit status: 0 once stopped by SIGINT or SIGTERM, 2 for a bad argument (a bad store URL
     included), 1 when the store cannot be opened or the port cannot be listened on; an error is one line on
     stderr."""
+    from threadloom.persistence.opening import open_store
     from threadloom.persistence.urls import url_secrets
 
     if argv[:1] in (["-h"], ["--help"]):
@@ -402,11 +410,15 @@ def run(argv: list[str]) -> int:  # pragma: no cover - the command-line demo
         return status
 
     try:
-        asyncio.run(main(url, port))
+        store = open_store(url)
     except ValidationError as error:
         return fail(f"bad store URL: {error}", 2)
     except ThreadloomError as error:
         return fail(f"cannot open the store: {error}", 1)
+    except KeyboardInterrupt:
+        return 130
+    try:
+        asyncio.run(main(url, port, store))
     except OSError as error:
         return fail(f"cannot listen on port {port}: {error.strerror or error}", 1)
     except KeyboardInterrupt:  # Ctrl-C before the server listened: nothing served yet
