@@ -140,19 +140,7 @@ class Subscription:
             self._cond.notify_all()
         parked = self._parked
         if parked:
-            if here is None:
-                here = running_loop()
-            queue = self._queue
-            for future in parked:
-                if future.get_loop() is here:
-                    if not future.done():
-                        future.set_result(queue.popleft() if queue else None)
-                else:
-                    try:
-                        future.get_loop().call_soon_threadsafe(_resolve, future)
-                    except RuntimeError:  # that loop closed: nobody waits on it any more
-                        pass
-            parked.clear()
+            _wake_parked(parked, self._queue, running_loop() if here is None else here)
 
     # -- the watch (its own task) -------------------------------------------------------------------------------
 
@@ -381,17 +369,8 @@ class Subscription:
             if self._blocked:
                 cond.notify_all()
             parked = self._parked
-            if parked:  # as _notify, inlined: usually one future, parked on ``loop``
-                for future in parked:
-                    if future.get_loop() is loop:
-                        if not future.done():
-                            future.set_result(queue.popleft() if queue else None)
-                    else:
-                        try:
-                            future.get_loop().call_soon_threadsafe(_resolve, future)
-                        except RuntimeError:  # that loop closed: nobody waits on it any more
-                            pass
-                parked.clear()
+            if parked:  # usually one future, parked on ``loop``
+                _wake_parked(parked, queue, loop)
         finally:
             cond.release()
         return not reached
@@ -678,6 +657,26 @@ class Tail:
         await asyncio.sleep(0)
         for report in lag_reports:
             report()
+
+
+def _wake_parked(
+    parked: list[asyncio.Future[EventRecord | None]],
+    queue: collections.deque[EventRecord],
+    here: asyncio.AbstractEventLoop | None,
+) -> None:
+    """Wakes and forgets every parked consumer (under the subscription's condition): one of ``here``, in the order
+    they parked, gets the next queued event as its future's result while any remain; one of another loop is
+    resolved there through ``call_soon_threadsafe`` and looks at the queue when it wakes."""
+    for future in parked:
+        if future.get_loop() is here:
+            if not future.done():
+                future.set_result(queue.popleft() if queue else None)
+        else:
+            try:
+                future.get_loop().call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # that loop closed: nobody waits on it any more
+                pass
+    parked.clear()
 
 
 def _resolve(future: asyncio.Future[EventRecord | None]) -> None:
