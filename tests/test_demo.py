@@ -7,6 +7,7 @@ times the store recorded (the kill against the recovering run's first event), ne
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shlex
@@ -234,7 +235,9 @@ def _scrape(port: int) -> dict[tuple[str, frozenset], float] | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
-    except OSError:
+    except (OSError, http.client.HTTPException):
+        # HTTPException: before the endpoint listens, a connection from an ephemeral port equal to its port (the
+        # ports were picked from that range) can connect to itself and read its own request as the answer
         return None
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
