@@ -1,7 +1,8 @@
 """The cascade delete of ``GraphRuntime.delete_thread``.
 
-The root is claimed (so a live run in any runtime refuses the delete, naming its holder to the same tenant),
-its tenant checked under the claim, and marked with a fenced metadata commit ``{"threadloom.deleting": "true"}``
+The root's tenant is checked first (another tenant's delete writes nothing), then the root is claimed (so a
+live run in any runtime refuses the delete, naming its holder to the same tenant), its tenant checked again under
+the claim, and marked with a fenced metadata commit ``{"threadloom.deleting": "true"}``
 (the registry then reports it ``DELETED`` and ``incomplete`` leaves it out). Then every descendant is claimed and
 deleted, children before their parent, each delete fenced by the root's claim, so a run that took the root over
 meanwhile never finds a child gone. The root goes last. A cascade that stops half-way leaves the root marked and
@@ -130,18 +131,31 @@ class CascadeDelete:
         Raises:
             ThreadBusy: the root or a descendant is held by a live claim (the holder named to the same tenant);
                 what was deleted stays deleted, the root stays marked.
-            TenantMismatch: the root is another tenant's; nothing changed.
+            TenantMismatch: the root is another tenant's; nothing was written (no claim either).
             StaleClaim: the root's claim (or the outer ``fence``'s) was taken over during the cascade; the rest is
                 left to its new holder.
             ProcessingError: the store failed. Deleting again finishes the cascade (once the store is repaired,
                 for ``StoreCorrupt``; with an open store, for ``StoreClosed``).
         """
         store = self.env.store
+        # Another tenant's delete is refused before the claim, so it writes nothing (not even a claim that spends
+        # a fencing token or takes over a lapsed one), and a live run's holder is never named to it. The check is
+        # repeated under the claim: the root may have been created meanwhile.
+        try:
+            self._check_tenant(store.latest(self.root))
+        except TenantMismatch as error:
+            self._log.info(
+                "delete.stopped",
+                op="delete_thread",
+                deleted=0,
+                error=f"{type(error).__name__}: {error}",
+                error_kind=error_kind(error),
+            )
+            raise
         root = self._claim(self.root)
         try:
             latest = store.latest(self.root)
-            if latest is not None and latest.checkpoint.tenant_id != self.tenant_id:
-                raise TenantMismatch(self.root, self.tenant_id)
+            self._check_tenant(latest)
             if self.only_if is not None and not self.only_if(latest):
                 self._release_all()
                 return []
@@ -186,6 +200,10 @@ class CascadeDelete:
             self._release_all()
             raise
         return list(self.deleted)
+
+    def _check_tenant(self, latest: StoredCheckpoint | None) -> None:
+        if latest is not None and latest.checkpoint.tenant_id != self.tenant_id:
+            raise TenantMismatch(self.root, self.tenant_id)
 
     def _release_all(self) -> None:
         if store_closed(self.env.store):

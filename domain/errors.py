@@ -224,8 +224,10 @@ class CancelledError(ThreadloomError):
 class TenantMismatch(ThreadloomError):
     """The thread is not one of the caller's tenant (the runtime checks tenants).
 
-    Raised by the runtime, under the claim where it holds one, before anything of the thread is returned or
-    changed. The message never names the thread's own tenant or shows its data.
+    Raised by the runtime before anything of the thread is returned or changed. A ``start``, ``resume`` or
+    ``recover`` checks under the claim it takes and releases it again, so a refused one still spends a fencing
+    token (the thread's data is untouched); a ``delete_thread`` checks before it claims and writes nothing. The
+    message never names the thread's own tenant or shows its data. Not retryable as it is.
 
     Attributes:
         thread_id: the thread asked for.
@@ -237,8 +239,8 @@ class TenantMismatch(ThreadloomError):
 
     def __str__(self) -> str:
         return (
-            f"thread {self.thread_id!r} is not a thread of tenant {self.tenant_id!r}; nothing was read or changed "
-            "(call with the thread's own tenant)"
+            f"thread {self.thread_id!r} is not a thread of tenant {self.tenant_id!r}; none of its data was read or "
+            "changed (call with the thread's own tenant)"
         )
 
 

@@ -379,6 +379,19 @@ def test_a_short_ttl_alone_makes_a_policy_that_renews_in_time(store):
     assert outcome.status is CheckpointStatus.COMPLETED and outcome.state == {"slow": True}
 
 
+def test_a_delete_refused_for_another_tenant_writes_nothing(runtime, store):
+    runtime.start("t1", linear_graph(Counter()), {}, tenant_id="acme").wait(WAIT)
+    history = [checkpoint.id for checkpoint in store.history("t1", limit=100)]
+    lapsed = store.claim("t1", ClaimRequest(holder="crashed-run", ttl=timedelta(milliseconds=1), tenant_id="acme"))
+    time.sleep(0.01)  # the claim lapses: a delete that claimed would take it over
+    with pytest.raises(TenantMismatch):
+        runtime.delete_thread("t1", "evil")
+    assert store.current_claim("t1") == lapsed  # neither taken over nor released: no claim was written
+    assert [checkpoint.id for checkpoint in store.history("t1", limit=100)] == history
+    store.release("t1", lapsed.token)
+    assert runtime.delete_thread("t1", "acme") == ["t1"]
+
+
 def test_a_busy_thread_names_its_holder_to_the_same_tenant_only(runtime, store):
     gate = threading.Event()
     counter = Counter()

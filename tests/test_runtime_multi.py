@@ -27,6 +27,7 @@ from threadloom import (
     Step,
     SweepPolicy,
     SweepSchedule,
+    TenantMismatch,
     ThreadBusy,
     ThreadQuery,
     ThreadStatus,
@@ -161,14 +162,16 @@ def test_a_live_run_refuses_the_other_runtimes_recover_and_delete_naming_the_hol
                 b.recover("t1", nodes.graph(), tenant_id="acme")
             with pytest.raises(ThreadBusy) as deleting:
                 b.delete_thread("t1", "acme")
-            with pytest.raises(ThreadBusy) as other_tenant:
+            with pytest.raises(TenantMismatch) as other_tenant:
                 b.delete_thread("t1", "evil")
         assert recovering.value.holder == BusyHolder.Run(handle.run_id)
         assert deleting.value.holder == BusyHolder.Run(handle.run_id)
         assert handle.run_id in str(deleting.value)
-        assert other_tenant.value.holder == BusyHolder.UNNAMED and handle.run_id not in str(other_tenant.value)
+        # Another tenant's delete is refused before it claims: it learns nothing of the run, not even that one holds
+        # the thread.
+        assert handle.run_id not in str(other_tenant.value) and "held" not in str(other_tenant.value)
         busy = [entry for entry in logs if entry["event"] == "claim.busy"]
-        assert len(busy) == 3 and all(entry["thread_id"] == "t1" and entry["node_id"] == "B" for entry in busy)
+        assert len(busy) == 2 and all(entry["thread_id"] == "t1" and entry["node_id"] == "B" for entry in busy)
         assert b.threads(ThreadQuery(tenant_id="acme")).items[0].status is ThreadStatus.RUNNING
     finally:
         nodes.gate.set()
