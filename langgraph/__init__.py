@@ -12,7 +12,8 @@ if __name__ == "langgraph":  # pragma: no cover - a wrong sys.path, not a code p
     )
 
 try:
-    from threadloom.langgraph.saver import ThreadloomSaver
+    from threadloom.langgraph._readable import decode_stored
+    from threadloom.langgraph.saver import ThreadloomSaver, strict_serde
 except ModuleNotFoundError as error:
     if (error.name or "").partition(".")[0] not in ("langgraph", "langchain_core"):
         raise
@@ -22,4 +23,4 @@ except ModuleNotFoundError as error:
         name=error.name,
     ) from error
 
-__all__ = ["ThreadloomSaver"]
+__all__ = ["ThreadloomSaver", "decode_stored", "strict_serde"]
