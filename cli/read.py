@@ -40,7 +40,15 @@ from threadloom.cli.queue import age_text, entry_json, entry_state
 from threadloom.domain import rules
 from threadloom.domain.errors import CancelledError, ReplayUnavailable
 from threadloom.domain.queue import EntryStatus, QueueEntry
-from threadloom.domain.values import Checkpoint, EventRecord, RunClaim, ThreadQuery, ThreadStatus, ThreadSummary
+from threadloom.domain.values import (
+    Checkpoint,
+    EventRecord,
+    PendingWrite,
+    RunClaim,
+    ThreadQuery,
+    ThreadStatus,
+    ThreadSummary,
+)
 from threadloom.persistence.base import Checkpointer
 
 FOLLOW_WAIT = timedelta(seconds=5)
@@ -190,6 +198,28 @@ def _claim_cell(claim: RunClaim | None, summary: ThreadSummary | None) -> Text:
                 f"{_claim_live(claim, summary)}")
 
 
+LANGGRAPH_GRAPH_ID = "langgraph"
+"""The ``graph_id`` of the LangGraph saver's checkpoints (``threadloom.langgraph``, imported only for one)."""
+
+
+def _langgraph_values(cp: Checkpoint, writes: list[PendingWrite]) -> tuple[dict[str, Any] | None, str | None]:
+    """A LangGraph saver's checkpoint and pending writes decoded, or why not; (None, None) when ``cp`` is not the
+    saver's or LangGraph is not installed. Decoded with the saver's strict serializer: nothing is unpickled and
+    no callable a stored value names is called."""
+    if cp.graph_id != LANGGRAPH_GRAPH_ID:
+        return None, None
+    try:
+        from threadloom.langgraph import decode_stored
+    except ImportError:  # without the langgraph extra: the stored values are shown as they are
+        return None, None
+    try:
+        return decode_stored(cp, writes), None
+    except Exception as error:  # a value the strict serializer refuses or cannot read: shown as stored
+        text = str(error).strip().splitlines()
+        why = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+        return None, f"langgraph: the checkpoint's values do not decode ({why}); shown as stored"
+
+
 def _unknown_thread(state: CliState, thread_id: str) -> CliError:
     return CliError(f"unknown thread {thread_id!r}: it has no checkpoint in {state.safe_url}", kind="UnknownThread")
 
@@ -201,7 +231,9 @@ def show(ctx: click.Context, thread: str) -> None:
     """Show THREAD's latest checkpoint, its pending writes and its registry row.
 
     Also the claim that holds it (its holder and expiry by the store's clock, live or expired) and the open
-    run-queue entries naming it. Child threads (spawned by another thread) are not in the registry.
+    run-queue entries naming it. Child threads (spawned by another thread) are not in the registry. A LangGraph
+    saver's checkpoint is shown decoded when LangGraph is installed (never unpickling; --json: the "langgraph"
+    key).
     """
     state = state_of(ctx)
     store = state.store(read_only=True)
@@ -223,19 +255,23 @@ def show(ctx: click.Context, thread: str) -> None:
             notes.append(
                 f"registry: not among the newest {REGISTRY_SCAN_PAGES * ThreadQuery.MAX_LIMIT} threads of its tenant"
             )
+    decoded, undecodable = _langgraph_values(cp, list(stored.pending_writes))
+    if undecodable is not None:
+        notes.append(undecodable)
     now = datetime.now(UTC)
     if state.json_output:
-        state.emit(
-            {
-                "thread_id": thread,
-                "checkpoint": checkpoint_json(cp),
-                "pending_writes": [pending_write_json(pw) for pw in stored.pending_writes],
-                "registry": None if summary is None else summary_json(summary),
-                "claim": _claim_json(claim, summary),
-                "queue_entries": [entry_json(e, now) for e in entries],
-                "notes": notes,
-            }
-        )
+        document: dict[str, Any] = {
+            "thread_id": thread,
+            "checkpoint": checkpoint_json(cp),
+            "pending_writes": [pending_write_json(pw) for pw in stored.pending_writes],
+            "registry": None if summary is None else summary_json(summary),
+            "claim": _claim_json(claim, summary),
+            "queue_entries": [entry_json(e, now) for e in entries],
+            "notes": notes,
+        }
+        if decoded is not None or undecodable is not None:
+            document["langgraph"] = decoded
+        state.emit(document)
         return
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
@@ -263,12 +299,19 @@ def show(ctx: click.Context, thread: str) -> None:
     for key, value in rows:
         facts.add_row(key, value)
     state.out.print(facts)
-    state.out.print(Text("state", style="bold"))
-    state.out.print(json_block(cp.state))
+    if decoded is None:
+        state.out.print(Text("state", style="bold"))
+        state.out.print(json_block(cp.state))
+    else:
+        state.out.print(Text("state (LangGraph checkpoint, decoded)", style="bold"))
+        state.out.print(json_block({key: decoded[key] for key in ("checkpoint", "metadata", "parent")}))
     if stored.pending_writes:
         writes = new_table(f"pending writes ({len(stored.pending_writes)})", "task", "node", "payload")
-        for pw in stored.pending_writes:
-            writes.add_row(cell(pw.task_id), cell(pw.node_id), json_cell(pw.payload))
+        for i, pw in enumerate(stored.pending_writes):
+            payload = pw.payload
+            if decoded is not None and isinstance(payload, dict):
+                payload = {**payload, "value": decoded["pending_writes"][i]["value"]}
+            writes.add_row(cell(pw.task_id), cell(pw.node_id), json_cell(payload))
         state.out.print(writes)
     else:
         state.out.print(Text("no pending writes", style="dim"))

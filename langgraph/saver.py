@@ -62,10 +62,17 @@ _T = TypeVar("_T")
 _PAGE = 100
 
 
-def _no_pickle_serde() -> JsonPlusSerializer:
-    # allowed_msgpack_modules=None: only LangGraph's safe types are rebuilt on read; a stored value naming any
-    # other callable comes back as its argument (data), it is never imported and called
-    return JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=None)
+def strict_serde() -> JsonPlusSerializer:
+    """The serializer the saver uses by default, and ``threadloom show`` decodes a stored checkpoint with.
+
+    ``JsonPlusSerializer(pickle_fallback=False, allowed_json_modules=None, allowed_msgpack_modules=None)``: it
+    never pickles nor unpickles, and only LangGraph's safe types are rebuilt on read; a stored value naming any
+    other type or callable comes back as its argument (data), it is never imported and called.
+
+    Returns:
+        A new serializer.
+    """
+    return JsonPlusSerializer(pickle_fallback=False, allowed_json_modules=None, allowed_msgpack_modules=None)
 
 
 def _check_serde(serde: Any) -> Any:
@@ -101,7 +108,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     Args:
         store: any threadloom store, or an ``AsyncStore`` (its pool then runs the async methods, shared with the
             rest of the program's async calls, and ``workers`` is not used).
-        serde: LangGraph serializer; default ``JsonPlusSerializer(pickle_fallback=False,
+        serde: LangGraph serializer; default :func:`strict_serde`, ``JsonPlusSerializer(pickle_fallback=False,
             allowed_msgpack_modules=None)`` (only LangGraph's safe types are rebuilt on read; any other type a stored
             value names comes back as data). A serializer with ``pickle_fallback=True`` or
             ``allowed_msgpack_modules=True`` is refused (``ValidationError`` naming ``serde``). Whatever is given, a
@@ -138,7 +145,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         v.check_positive_duration("idle_release", idle_release)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_int("workers", workers, low=1, high=64)
-        super().__init__(serde=_check_serde(serde) if serde is not None else _no_pickle_serde())
+        super().__init__(serde=_check_serde(serde) if serde is not None else strict_serde())
         self.store = store
         self.tenant_id = tenant_id
         self._owns_store = False

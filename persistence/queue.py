@@ -47,6 +47,7 @@ from typing import Any
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
+from threadloom.domain.access import WALK_GRAPH_ID
 from threadloom.domain.errors import StoreClosed, ValidationError
 from threadloom.domain.queue import EntryStatus, Lease, PurgePage, QueueDepth, QueueEntry
 from threadloom.persistence.logs import SlowCalls
@@ -108,7 +109,9 @@ class RunQueue(abc.ABC):
             The new entry: ``OPEN``, no attempt, a new ``entry_id`` greater than every earlier one.
 
         Raises:
-            ValidationError: a bad id, ``input`` that is not JSON, a negative ``delay``; nothing written.
+            ValidationError: a bad id, ``graph_id`` the reserved walk graph id
+                (:data:`~threadloom.domain.access.WALK_GRAPH_ID`), ``input`` that is not JSON, a negative
+                ``delay``; nothing written.
             ProcessingError: the storage failed or the store is closed. Enqueueing again after a failure may
                 add a second entry (entries have no idempotency key).
         """
@@ -343,6 +346,10 @@ class QueueBase(SlowCalls, RunQueue):
     ) -> QueueEntry:
         v.check_id("thread_id", thread_id)
         v.check_id("graph_id", graph_id)
+        if graph_id == WALK_GRAPH_ID:
+            raise ValidationError(
+                "graph_id", (f"{WALK_GRAPH_ID!r} is reserved for the walks; no run of it can be enqueued",)
+            )
         v.check_json("input", input)
         v.check_optional_id("tenant_id", tenant_id)
         v.check_non_negative_duration("delay", delay)

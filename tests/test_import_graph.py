@@ -9,6 +9,9 @@ from anywhere.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import threadloom
@@ -167,3 +170,37 @@ def test_import_threadloom_does_not_import_langgraph(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# Without LangGraph (hidden by an importer that refuses its top-level package, as if it were not installed).
+_WITHOUT_LANGGRAPH = textwrap.dedent(
+    """
+    import sys
+
+    class HideLangGraph:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "langgraph":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, HideLangGraph())
+    import threadloom.cli.main  # the rest of threadloom imports without it
+    try:
+        import threadloom.langgraph
+    except ImportError as error:
+        print(type(error).__name__, error.name)
+        print(error)
+    else:
+        print("imported")
+    """
+)
+
+
+def test_without_langgraph_its_subpackage_names_the_install_command(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_LANGGRAPH], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    kind, message = result.stdout.strip().split("\n", 1)
+    assert kind.startswith("ModuleNotFoundError langgraph"), result.stdout
+    assert "pip install 'threadloom[langgraph]'" in message

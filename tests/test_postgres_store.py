@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
+from urllib.parse import quote
 
 import attrs
 import psycopg
@@ -843,6 +844,66 @@ def test_a_malformed_conninfo_is_refused_before_any_connection_without_echoing_i
     assert SECRET not in _shown(caught.value) and "127.0.0.1" not in _shown(caught.value)
     assert not [record for record in caplog.records if record.name.startswith("psycopg")], "no connection was tried"
     assert SECRET not in caplog.text
+
+
+BAD_OPTION_VALUES = [
+    ({"sslmode": "bogus"}, 'invalid sslmode value: "bogus"'),
+    ({"port": "99999"}, 'invalid port number: "99999"'),
+    ({"keepalives": "often"}, 'invalid integer value "often" for connection option "keepalives"'),
+    ({"options": "-c TimeZone=Nowhere/Bogus"}, 'invalid value for parameter "TimeZone": "Nowhere/Bogus"'),
+]
+
+
+def _with_password_and(dsn: str, options: dict[str, str]) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(dsn)
+    parts.update(password=SECRET, **options)  # the trusting test server ignores the password
+    return make_conninfo(**parts)
+
+
+# Found by hostile testing: libpq's or the server's refusal of an option value was a retryable StoreUnavailable
+# ("...; retry later"), which no retry heals.
+@pytest.mark.parametrize(("options", "reason"), BAD_OPTION_VALUES)
+def test_a_bad_option_value_is_a_validation_error_naming_conninfo(
+    harness: PgHarness, options: dict[str, str], reason: str, caplog
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    schema = new_schema_name()
+    with structlog.testing.capture_logs() as captured, pytest.raises(ValidationError) as caught:
+        PostgresCheckpointer.open(_with_password_and(harness.dsn, options), harness.config(schema=schema))
+    assert caught.value.field == "conninfo"
+    assert reason in str(caught.value) and "check the connection string" in str(caught.value)
+    assert SECRET not in _shown(caught.value)
+    assert SECRET not in caplog.text and SECRET not in repr(captured)
+    assert _schemas(harness.dsn, schema) == set(), "nothing was created"
+
+
+@pytest.mark.parametrize(("options", "reason"), BAD_OPTION_VALUES)
+def test_the_cli_refuses_a_store_url_with_a_bad_option_value_with_status_2(
+    harness: PgHarness, options: dict[str, str], reason: str, tmp_path
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(_with_password_and(harness.dsn, options))
+    query = "&".join(
+        f"{key}={quote(str(value), safe='')}"
+        for key, value in parts.items()
+        if key not in ("user", "password", "host", "port", "dbname")
+    )
+    url = (
+        f"postgresql://{parts.get('user') or ''}:{SECRET}@{parts.get('host') or 'localhost'}:"
+        f"{parts.get('port') or 5432}/{parts.get('dbname') or ''}?{query}"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "threadloom", "--store", url, "--log-level", "debug", "threads"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # after psycopg's debug lines
+    assert last.startswith("threadloom: error: ") and "Traceback" not in result.stderr, result.stderr
+    assert "invalid conninfo" in last and reason in last and "check the connection string" in last
+    assert SECRET not in result.stdout + result.stderr
 
 
 def test_the_target_shows_only_user_host_port_and_database(harness: PgHarness) -> None:

@@ -32,6 +32,7 @@ from threadloom import (
     SweepPolicy,
     ValidationError,
 )
+from threadloom.domain.access import WALK_GRAPH_ID
 from threadloom.persistence.forwarding import ForwardingCheckpointer, ForwardingRunQueue
 from threadloom.persistence.queue import cancel_entry, queue_of
 from threadloom.testing.harness import START
@@ -192,6 +193,7 @@ def test_enqueue_numbers_entries_in_order_and_keeps_the_input(env):
         (lambda q: q.enqueue("t", graph_id="g", input={"x": float("nan")}), "input"),
         (lambda q: q.enqueue("t", graph_id="g", input={1: 2}), "input"),
         (lambda q: q.enqueue("t", graph_id="g", delay=timedelta(seconds=-1)), "delay"),
+        (lambda q: q.enqueue("t", graph_id=WALK_GRAPH_ID), "graph_id"),  # reserved for the walks
         (lambda q: q.lease("w", timedelta(0)), "ttl"),
         (lambda q: q.lease("w", TTL, graph_ids=[]), "graph_ids"),
         (lambda q: q.lease("w", TTL, graph_ids="g"), "graph_ids"),

@@ -21,13 +21,16 @@ kind                   when
 =====================  ===========================================================================================
 
 A connection that cannot be opened (:func:`connect_error`) is ``StoreUnavailable`` when waiting may heal it (the
-server refused or did not answer, is starting or shutting down, has no free slot) and a plain
+server refused or did not answer, is starting or shutting down, has no free slot), a plain
 ``ProcessingError`` when it cannot (no such database or role, authentication refused, an unknown host): a
-connection string that names what is not there does not work by waiting.
+connection string that names what is not there does not work by waiting, and a ``ValidationError`` (field
+``conninfo``) when libpq or the server refused one of the string's option values (``sslmode=bogus``, a port out of
+range, ``keepalives=often``, an ``options`` setting the server rejects).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -40,6 +43,7 @@ from threadloom.domain.errors import (
     StoreCorrupt,
     StoreUnavailable,
     ThreadloomError,
+    ValidationError,
 )
 from threadloom.persistence.postgres.conninfo import first_line
 
@@ -64,6 +68,20 @@ _CANNOT_HEAL = (
 a connection the server refused (only its message, in the server's ``lc_messages``), so this is the one
 classification by text; an unrecognised message counts as one that may heal."""
 
+_OPTION_REFUSED = re.compile(
+    r"\binvalid (?:\w+ )?value\b"  # libpq: invalid sslmode value, invalid integer value; the server: invalid value
+    r"|\binvalid port number\b"
+    r"|\binvalid require_auth method\b"
+    r"|\bcould not match \d+ (?:host names|port numbers)\b"
+    r"|\bcould not parse network address\b"  # hostaddr
+    r"|\bunrecognized configuration parameter\b"  # options=-c name=value
+    r"|\binvalid command-line argument"  # options that are not -c settings
+    r"|\bparameter \"[^\"]*\" cannot be (?:changed|set)\b"
+)
+"""libpq's and the server's refusals of an option value of the connection string. libpq raises them before it
+sends anything, the server (a setting in ``options``) as the connection's FATAL error; neither has a SQLSTATE
+psycopg reports for a connection, so they are recognised by text. No retry heals them."""
+
 
 def connect_error(
     error: BaseException, *, operation: str, target: str, scrub: Callable[[str], str] = lambda text: text
@@ -76,7 +94,9 @@ def connect_error(
         failure); a plain :class:`ProcessingError` (not retryable) when the connection string names what is not
         there or is not admitted (no such database, role or host, authentication refused). The message is
         psycopg's own first line (``database "x" does not exist``, ``Connection refused``…), ``scrub``-bed of
-        secrets.
+        secrets. A :class:`ValidationError` (field ``conninfo``) when libpq or the server refused an option value
+        of the connection string (``invalid sslmode value``, ``invalid port number``, ``invalid integer value``,
+        ``invalid value for parameter``…): its message names the refused value and says to check the string.
     """
     if isinstance(error, ThreadloomError):
         return error
@@ -84,6 +104,15 @@ def connect_error(
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # libpq: 'connection to server at "h", port p failed: FATAL:  <why>', then hint lines; the target is known
     why = lines[0].rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip() if lines else type(error).__name__
+    why = why.removeprefix("connection is bad:").strip()
+    if lines and _OPTION_REFUSED.search(lines[0]):
+        return ValidationError(
+            "conninfo",
+            (
+                f"PostgreSQL at {target} refused an option of the connection string: {scrub(why)}; "
+                "check the connection string (it is not shown: it may hold a password)",
+            ),
+        )
     hints = [line for line in lines[1:] if not line.startswith("connection to server")]
     detail = scrub(why + (f" ({' '.join(hints)})" if hints else ""))
     if any(part in text for part in _CANNOT_HEAL):

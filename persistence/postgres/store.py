@@ -224,7 +224,9 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         Raises:
             ValidationError: ``conninfo`` is not a str or not a connection string libpq can parse, its
                 ``schema`` parameter is not a valid schema name (field ``conninfo``), or ``config`` is not a
-                ``PostgresCheckpointerConfig``. Nothing was connected to.
+                ``PostgresCheckpointerConfig``: nothing was connected to. Also (field ``conninfo``) when libpq or
+                the server refuses one of its option values (``sslmode``, ``port``, ``keepalives``, a setting in
+                ``options``…): the message names the value, never the password; nothing was written.
             StoreUnavailable: the server refused the first connection in a way waiting may heal (refused, no
                 answer within ``connect_timeout``, starting up or shutting down, no free connection slot) -
                 reported at once with psycopg's reason - or did not answer while migrating. Retrying is safe
