@@ -281,11 +281,18 @@ def enqueue(
     """Add an open entry asking a worker ('threadloom serve') for a run of --graph on THREAD with --input.
 
     A store that does not exist yet is created. Refused (exit 2, nothing written): input that is not JSON, a bad
-    thread, graph or tenant id. An object in --input that names a key twice is refused too. Running the
-    command again after a failure may add a second entry (entries have no idempotency key): check with
-    'queue list' first.
+    thread, graph or tenant id, and a memory:// store (its queue is gone when the command exits). An object in
+    --input that names a key twice is refused too. Running the command again after a failure may add a second
+    entry (entries have no idempotency key): check with 'queue list' first.
     """
     state = state_of(ctx)
+    if state.store_url.partition(":")[0].lower() == "memory":
+        raise CliError(
+            "queue enqueue: a memory:// store lives only as long as this command, so the entry would be gone when "
+            "it exits and no worker could run it; name a SQLite or PostgreSQL store with --store",
+            EXIT_USAGE,
+            kind="ValidationError",
+        )
     value = parse_json_option("--input", input_text)
     if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
         raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")

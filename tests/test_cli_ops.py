@@ -741,6 +741,23 @@ def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backe
     assert store.queue.entries(limit=10) == []
 
 
+@pytest.mark.parametrize("url", ["memory://", "MEMORY://"])
+def test_queue_enqueue_refuses_a_memory_store_whose_queue_is_gone_when_it_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Found by an operator: against memory:// the entry was 'enqueued' into a queue gone as the command exited."""
+    monkeypatch.chdir(tmp_path)
+    refused = CliRunner().invoke(cli, ["--store", url, "queue", "enqueue", "t", "--graph", "qa"])
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and "memory://" in lines[0] and "--store" in lines[0], refused.output
+    assert "enqueued" not in refused.output
+    as_json = CliRunner().invoke(cli, ["--store", url, "--json", "queue", "enqueue", "t", "--graph", "qa"])
+    assert as_json.exit_code == EXIT_USAGE
+    assert json.loads(as_json.stdout.splitlines()[0])["error"]["type"] == "ValidationError"
+    assert list(tmp_path.iterdir()) == []  # no store opened or created, not even the default file
+
+
 # -- refusals: one error line, no log line ---------------------------------------------------------------------------
 
 
