@@ -147,6 +147,31 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def graph_seen(store: Any, queue: RunQueue, graph_id: str) -> bool:
+    """Whether ``store`` shows signs of graph kind ``graph_id``: a thread whose latest checkpoint is of it (read
+    through the store's index, any tenant), or a run-queue entry of it, of any state.
+
+    The queue is read page by page, at most :data:`SCAN_PAGES` pages of 1000 entries; a queue longer than that
+    with no entry of the graph in those pages counts as seen (the check never warns on a guess).
+
+    Raises:
+        ValidationError: ``graph_id`` is not a valid id (field ``graph_id``).
+    """
+    from threadloom.domain.access import WALK_GRAPH_ID
+
+    if graph_id != WALK_GRAPH_ID and store.graph_threads(graph_id, limit=1):
+        return True
+    cursor = 0
+    for _ in range(SCAN_PAGES):
+        page = queue.entries(limit=rules.MAX_PAGE, after=cursor)
+        if any(entry.graph_id == graph_id for entry in page):
+            return True
+        if len(page) < rules.MAX_PAGE:
+            return False
+        cursor = page[-1].entry_id
+    return True
+
+
 @click.group(name="queue")
 def queue() -> None:
     """See and act on the run queue: list entries, enqueue a run, retry a failed one, cancel an open one."""
@@ -284,6 +309,10 @@ def enqueue(
     thread, graph or tenant id, and a memory:// store (its queue is gone when the command exits). An object in
     --input that names a key twice is refused too. Running the command again after a failure may add a second
     entry (entries have no idempotency key): check with 'queue list' first.
+
+    A graph the store shows no sign of (no thread of it, no other queue entry of it) is still enqueued, with a
+    note on stderr that no runtime serving it has been seen: a mistyped --graph waits forever (--json:
+    "graph_seen").
     """
     state = state_of(ctx)
     if state.store_url.partition(":")[0].lower() == "memory":
@@ -297,9 +326,16 @@ def enqueue(
     if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
         raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
+    seen = graph_seen(state.store(), q, graph_id)  # before the entry: it would be a sign of its own graph
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))
+    if not seen:
+        click.echo(printable(
+            f"threadloom: note: no runtime serving graph {graph_id!r} has been seen in this store (no thread and no "
+            "other queue entry of it); the entry stays queued until a worker serves that graph id ('threadloom "
+            "serve --graph module:attr')"
+        ), err=True)  # fmt: skip
     if state.json_output:
-        state.emit({"entry": entry_json(entry, _now())})
+        state.emit({"entry": entry_json(entry, _now()), "graph_seen": seen})
         return
     state.out.print(cell(f"entry {entry.entry_id} enqueued (thread {entry.thread_id}, graph {entry.graph_id})"))
 
