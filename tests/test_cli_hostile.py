@@ -356,6 +356,24 @@ def test_a_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path, monkeypatch,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["threads"], ["queue", "enqueue", "t", "--graph", "g"]], ids=["threads", "enqueue"])
+def test_a_sqlite_url_with_no_path_is_a_bad_url(tmp_path, monkeypatch, command):
+    """Found by an operator: ``sqlite:///`` (the path left out) opened, or created, ``threadloom.db`` in the working
+    directory as if ``sqlite://`` had been meant."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///", "SQLite:///"):
+        with pytest.raises(ValidationError) as caught:
+            open_store(url)
+        assert caught.value.field == "url" and url in str(caught.value) and "names no file" in str(caught.value)
+        result = run("--store", url, *command)
+        assert result.exit_code == EXIT_USAGE, result.output
+        line = one_error_line(result)
+        assert "bad store URL" in line and repr(url) in line, line
+    result = run("--store", "sqlite:///", "--json", *command)
+    assert json.loads(result.stdout)["error"]["type"] == "ValidationError"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_percent_encoded_question_mark_is_a_file_name(tmp_path):
     assert sqlite_file(f"sqlite:///{tmp_path}/a%3Fb.db") == f"{tmp_path}/a?b.db"
     assert sqlite_file("sqlite://") == "threadloom.db" and sqlite_file("memory://") is None
