@@ -111,6 +111,20 @@ class DurationType(click.ParamType):
 DURATION = DurationType()
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A :class:`click.FloatRange` that also refuses NaN, which compares false with both bounds and would pass.
+
+    A number out of the range (``inf`` above a bound, a negative number below 0) is refused by the range itself;
+    the message names the option and the range, as for every option click checks.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number:  # NaN
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 # -- secrets and terminal safety ---------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,6 @@ entry in the wrong state, a live lease without ``--force``) change nothing and e
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from threadloom.cli.output import (
     EXIT_USAGE,
     CliError,
     CliState,
+    FiniteFloatRange,
     cell,
     new_table,
     parse_json_option,
@@ -41,6 +41,9 @@ holder, live or expired), completed, failed; ``done`` is an older name of ``comp
 SCAN_PAGES = 20
 """``queue list`` with ``--tenant`` or ``--state leased`` reads at most this many pages of 1000 entries to fill its
 page; the cursor it prints then resumes where it stopped."""
+
+MAX_DELAY_DAYS = MAX_DURATION.days
+"""The longest ``queue enqueue --delay``, in days (in seconds: ``MAX_DURATION.total_seconds()``)."""
 
 CANCEL_REASON = "cancelled by an operator"
 """The ``error`` text of an entry ``queue cancel`` finished, before the optional ``--reason``."""
@@ -297,8 +300,10 @@ def retry(ctx: click.Context, entry_id: int) -> None:
 @click.option("--input", "input_text", default="null", show_default=True, metavar="JSON",
               help="The run's input, a JSON value.")
 @click.option("--tenant", default=None, metavar="TENANT", help="The tenant the run is for.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
-              help="Not leased before this many seconds from now (by the store's clock).")
+@click.option("--delay", type=FiniteFloatRange(0, MAX_DURATION.total_seconds()), default=0.0, show_default=True,
+              metavar="SECONDS",
+              help=f"Not leased before this many seconds from now (by the store's clock; at most {MAX_DELAY_DAYS} "
+                   "days).")
 @click.pass_context
 def enqueue(
     ctx: click.Context, thread_id: str, graph_id: str, input_text: str, tenant: str | None, delay: float
@@ -323,8 +328,6 @@ def enqueue(
             kind="ValidationError",
         )
     value = parse_json_option("--input", input_text)
-    if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
-        raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
     seen = graph_seen(state.store(), q, graph_id)  # before the entry: it would be a sign of its own graph
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))

@@ -726,6 +726,21 @@ def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(
     assert backend.dump() == before
 
 
+def test_queue_enqueue_refuses_a_delay_that_is_not_a_number_of_seconds_naming_the_option(
+    backend: Backend, store: Any
+) -> None:
+    """Found by an operator: ``--delay nan`` said "--delay must be at most 36500 days"."""
+    before = backend.dump()
+    for delay, says in (("nan", "'nan' is not a number"), ("NaN", "'NaN' is not a number"),
+                        ("inf", "not in the range"), ("-inf", "not in the range"), ("-1", "not in the range"),
+                        ("1e300", "not in the range")):
+        refused = run(backend, "queue", "enqueue", "t", "--graph", "qa", "--delay", delay)
+        assert refused.exit_code == EXIT_USAGE, (delay, refused.output)
+        lines = refused.output.strip().splitlines()
+        assert len(lines) == 1 and "'--delay'" in lines[0] and says in lines[0], (delay, refused.output)
+    assert backend.dump() == before
+
+
 def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backend, store: Any) -> None:
     """Found by an operator: ``--input '{"n": 1, "n": 2}'`` was enqueued with ``{"n": 2}`` (the last value won)."""
     before = backend.dump()
