@@ -301,7 +301,9 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
                 holder's RunId is named to the same tenant only. Nothing changed; retry once it ended.
             InvalidRunState: the thread has an incomplete run (``recover`` it) or a suspended one (``resume``
                 it), or runs another graph; nothing changed.
-            TenantMismatch: the thread is another tenant's; nothing read or changed.
+            TenantMismatch: the thread is another tenant's; nothing of it read or changed. Found once the run
+                holds the thread, as is ``InvalidRunState``: the claim taken and released spends a fencing token
+                (``ThreadBusy`` spends none).
             ValidationError: a bad argument (``input`` not JSON, or refused by the graph's ``merge``, …);
                 nothing changed. ProcessingError: the store failed, or the runtime is closed:
                 ``StoreUnavailable`` admitted nothing (call again later); ``StoreCorrupt`` and ``StoreClosed``

@@ -111,6 +111,20 @@ class DurationType(click.ParamType):
 DURATION = DurationType()
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A :class:`click.FloatRange` that also refuses NaN, which compares false with both bounds and would pass.
+
+    A number out of the range (``inf`` above a bound, a negative number below 0) is refused by the range itself;
+    the message names the option and the range, as for every option click checks.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number:  # NaN
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 # -- secrets and terminal safety ---------------------------------------------------------------------------------------
 
 
@@ -288,8 +302,9 @@ class CliState:
                 was, byte for byte.
 
         Raises:
-            CliError: the URL is bad, or names a SQLite file whose directory does not exist (:data:`EXIT_USAGE`,
-                kind ``ValidationError``), names a SQLite file that does not exist, or a
+            CliError: the URL is bad, or names a SQLite path that is a directory, a FIFO or another file that is
+                not a regular file (found by ``os.stat``, never opened), or a file whose directory does not exist
+                (:data:`EXIT_USAGE`, kind ``ValidationError``), names a SQLite file that does not exist, or a
                 PostgreSQL schema with no store, and ``create`` is False (:data:`EXIT_FAILED`, kind
                 ``StoreNotFound`` for SQLite, ``ProcessingError`` for PostgreSQL), or the store could not be opened.
         """
@@ -301,10 +316,13 @@ class CliState:
 
             try:
                 path = sqlite_file(self.store_url)
-                if path is not None and not create and not os.path.exists(path):
+                if path is not None:
                     from threadloom.persistence.sqlite.store import check_path
 
-                    check_path(path)  # a missing directory is a bad URL, not a store to create
+                    # Only looks (os.stat): a directory, a FIFO or a device is a bad URL before anything opens it
+                    # (opening a FIFO blocks until a writer comes), and so is a missing directory.
+                    check_path(path)
+                if path is not None and not create and not os.path.exists(path):
                     raise CliError(
                         f"no store at {os.path.abspath(path)!r}; check the path, or create one: 'threadloom "
                         f"--store sqlite:///{path} serve --graph module:attr' (a worker), 'queue enqueue', 'demo', or "

@@ -9,7 +9,6 @@ entry in the wrong state, a live lease without ``--force``) change nothing and e
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from threadloom.cli.output import (
     EXIT_USAGE,
     CliError,
     CliState,
+    FiniteFloatRange,
     cell,
     new_table,
     parse_json_option,
@@ -41,6 +41,9 @@ holder, live or expired), completed, failed; ``done`` is an older name of ``comp
 SCAN_PAGES = 20
 """``queue list`` with ``--tenant`` or ``--state leased`` reads at most this many pages of 1000 entries to fill its
 page; the cursor it prints then resumes where it stopped."""
+
+MAX_DELAY_DAYS = MAX_DURATION.days
+"""The longest ``queue enqueue --delay``, in days (in seconds: ``MAX_DURATION.total_seconds()``)."""
 
 CANCEL_REASON = "cancelled by an operator"
 """The ``error`` text of an entry ``queue cancel`` finished, before the optional ``--reason``."""
@@ -145,6 +148,31 @@ def list_entries(
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def graph_seen(store: Any, queue: RunQueue, graph_id: str) -> bool:
+    """Whether ``store`` shows signs of graph kind ``graph_id``: a thread whose latest checkpoint is of it (read
+    through the store's index, any tenant), or a run-queue entry of it, of any state.
+
+    The queue is read page by page, at most :data:`SCAN_PAGES` pages of 1000 entries; a queue longer than that
+    with no entry of the graph in those pages counts as seen (the check never warns on a guess).
+
+    Raises:
+        ValidationError: ``graph_id`` is not a valid id (field ``graph_id``).
+    """
+    from threadloom.domain.access import WALK_GRAPH_ID
+
+    if graph_id != WALK_GRAPH_ID and store.graph_threads(graph_id, limit=1):
+        return True
+    cursor = 0
+    for _ in range(SCAN_PAGES):
+        page = queue.entries(limit=rules.MAX_PAGE, after=cursor)
+        if any(entry.graph_id == graph_id for entry in page):
+            return True
+        if len(page) < rules.MAX_PAGE:
+            return False
+        cursor = page[-1].entry_id
+    return True
 
 
 @click.group(name="queue")
@@ -272,8 +300,10 @@ def retry(ctx: click.Context, entry_id: int) -> None:
 @click.option("--input", "input_text", default="null", show_default=True, metavar="JSON",
               help="The run's input, a JSON value.")
 @click.option("--tenant", default=None, metavar="TENANT", help="The tenant the run is for.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
-              help="Not leased before this many seconds from now (by the store's clock).")
+@click.option("--delay", type=FiniteFloatRange(0, MAX_DURATION.total_seconds()), default=0.0, show_default=True,
+              metavar="SECONDS",
+              help=f"Not leased before this many seconds from now (by the store's clock; at most {MAX_DELAY_DAYS} "
+                   "days).")
 @click.pass_context
 def enqueue(
     ctx: click.Context, thread_id: str, graph_id: str, input_text: str, tenant: str | None, delay: float
@@ -281,18 +311,34 @@ def enqueue(
     """Add an open entry asking a worker ('threadloom serve') for a run of --graph on THREAD with --input.
 
     A store that does not exist yet is created. Refused (exit 2, nothing written): input that is not JSON, a bad
-    thread, graph or tenant id. An object in --input that names a key twice is refused too. Running the
-    command again after a failure may add a second entry (entries have no idempotency key): check with
-    'queue list' first.
+    thread, graph or tenant id, and a memory:// store (its queue is gone when the command exits). An object in
+    --input that names a key twice is refused too. Running the command again after a failure may add a second
+    entry (entries have no idempotency key): check with 'queue list' first.
+
+    A graph the store shows no sign of (no thread of it, no other queue entry of it) is still enqueued, with a
+    note on stderr that no runtime serving it has been seen: a mistyped --graph waits forever (--json:
+    "graph_seen").
     """
     state = state_of(ctx)
+    if state.store_url.partition(":")[0].lower() == "memory":
+        raise CliError(
+            "queue enqueue: a memory:// store lives only as long as this command, so the entry would be gone when "
+            "it exits and no worker could run it; name a SQLite or PostgreSQL store with --store",
+            EXIT_USAGE,
+            kind="ValidationError",
+        )
     value = parse_json_option("--input", input_text)
-    if not math.isfinite(delay) or delay > MAX_DURATION.total_seconds():
-        raise CliError(f"--delay must be at most {MAX_DURATION.days} days", EXIT_USAGE, kind="ValidationError")
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
+    seen = graph_seen(state.store(), q, graph_id)  # before the entry: it would be a sign of its own graph
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))
+    if not seen:
+        click.echo(printable(
+            f"threadloom: note: no runtime serving graph {graph_id!r} has been seen in this store (no thread and no "
+            "other queue entry of it); the entry stays queued until a worker serves that graph id ('threadloom "
+            "serve --graph module:attr')"
+        ), err=True)  # fmt: skip
     if state.json_output:
-        state.emit({"entry": entry_json(entry, _now())})
+        state.emit({"entry": entry_json(entry, _now()), "graph_seen": seen})
         return
     state.out.print(cell(f"entry {entry.entry_id} enqueued (thread {entry.thread_id}, graph {entry.graph_id})"))
 

@@ -38,6 +38,48 @@ def _graphs(specs: tuple[str, ...]) -> list[Any]:
     return graphs
 
 
+def _metrics_endpoint(port: int, host: str) -> tuple[Any, Any]:
+    """A ``PrometheusMeter`` and the endpoint serving it on ``host`` port ``port``, listening already.
+
+    Raises:
+        CliError: (exit status 2) the metrics extra is missing; ``--metrics-host`` is empty, names no address this
+            machine can resolve or is not one of its addresses; ``--metrics-port`` is taken or not allowed.
+    """
+    import errno
+    import socket
+
+    try:
+        import prometheus_client
+
+        from threadloom.persistence.metrics.prometheus import PrometheusMeter
+    except ImportError as error:
+        raise CliError(f"--metrics-port needs the metrics extra: {error}", 2) from error
+    meter = PrometheusMeter(prometheus_client.CollectorRegistry())
+    shown = printable(repr(host))
+    try:
+        return meter, meter.serve(port, host=host)
+    except ValidationError as error:
+        raise CliError(f"--metrics-host {shown}: {'; '.join(error.problems)}", 2, kind="ValidationError") from error
+    except (socket.gaierror, UnicodeError, ValueError) as error:  # the name does not resolve (or cannot be one)
+        why = error.strerror if isinstance(error, socket.gaierror) and error.strerror else str(error)
+        raise CliError(
+            f"--metrics-host {shown} is not a host name or IPv4 address this machine can resolve ({printable(why)}); "
+            "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0 for every interface", 2,
+            kind="ValidationError",
+        ) from error  # fmt: skip
+    except OSError as error:
+        why = printable(error.strerror or str(error))
+        if error.errno == errno.EADDRNOTAVAIL:
+            raise CliError(
+                f"--metrics-host {shown} is not an address of this machine, so nothing can listen on it ({why}); "
+                "give one of its addresses, e.g. 127.0.0.1 or 0.0.0.0 for every interface", 2,
+                kind="ValidationError",
+            ) from error  # fmt: skip
+        raise CliError(
+            f"metrics port {port} on {printable(host)} is not available ({why}); choose another --metrics-port", 2,
+        ) from error  # fmt: skip
+
+
 @click.command()
 @click.option(
     "--graph",
@@ -81,7 +123,8 @@ def serve(
 
     Each worker leases an entry of one of the graphs, runs it (or recovers a run a dead worker left), and
     finishes the entry. The first SIGTERM or Ctrl-C lets the nodes in flight commit, hands their entries back and
-    exits 0; a second abandons them. Exit status 2: a bad --graph or a metrics port that is taken.
+    exits 0; a second abandons them. Exit status 2, before the store is opened: a bad --graph, a metrics port
+    that is taken, or a --metrics-host that does not resolve or is not an address of this machine.
     """
     from threadloom.actors.policies import ServePolicy
     from threadloom.actors.runtime import GraphRuntime
@@ -90,29 +133,18 @@ def serve(
     if node_id is not None:
         v.check_id("node_id", node_id)
     graphs = _graphs(graph_specs)
-    store: Checkpointer = state.store(create=True)  # a worker may start before anything was enqueued
-    if not isinstance(getattr(store, "queue", None), RunQueue):
-        raise CliError(f"the store {state.safe_url!r} has no run queue")
     endpoint = None
     meter = None
-    if metrics_port is not None:
-        try:
-            import prometheus_client
-
-            from threadloom.persistence.metrics.metered import MeteredCheckpointer
-            from threadloom.persistence.metrics.prometheus import PrometheusMeter
-
-            meter = PrometheusMeter(prometheus_client.CollectorRegistry())
-            endpoint = meter.serve(metrics_port, host=metrics_host)
-        except ImportError as error:
-            raise CliError(f"--metrics-port needs the metrics extra: {error}", 2) from error
-        except OSError as error:
-            raise CliError(
-                f"metrics port {metrics_port} on {printable(metrics_host)} is not available "
-                f"({error.strerror or error}); choose another --metrics-port", 2,
-            ) from error  # fmt: skip
-        store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
+    if metrics_port is not None:  # before the store is opened (or created): a bad host or port changes nothing
+        meter, endpoint = _metrics_endpoint(metrics_port, metrics_host)
     try:
+        store: Checkpointer = state.store(create=True)  # a worker may start before anything was enqueued
+        if not isinstance(getattr(store, "queue", None), RunQueue):
+            raise CliError(f"the store {state.safe_url!r} has no run queue")
+        if meter is not None:
+            from threadloom.persistence.metrics.metered import MeteredCheckpointer
+
+            store = MeteredCheckpointer(store, meter)  # the CLI state still closes the inner store at the end
         runtime = GraphRuntime(store, node_id=node_id, meter=meter)
         served = sorted(graph.graph_id for graph in graphs)
         line: dict[str, Any] = {

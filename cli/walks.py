@@ -26,7 +26,7 @@ import click
 from rich.table import Table
 
 from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
-from threadloom.cli.output import CliError, CliState, json_text, new_table, printable, state_of
+from threadloom.cli.output import CliError, CliState, FiniteFloatRange, json_text, new_table, printable, state_of
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ThreadloomError
 
@@ -233,7 +233,7 @@ def _json_line(document: Any) -> str:
 )
 @click.option(
     "--every",
-    type=click.FloatRange(0.05, 3600),
+    type=FiniteFloatRange(0.05, 3600),
     default=1.0,
     show_default=True,
     help="With --follow: seconds between reads.",

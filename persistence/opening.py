@@ -82,9 +82,9 @@ def open_store(url: str, **options: Any) -> Checkpointer:
 
     Args:
         url: ``memory://``; ``sqlite:///relative/or//absolute/path.db`` (``sqlite://`` alone: ``threadloom.db``
-            in the working directory; no ``?`` query or ``#`` fragment: percent-encode those characters in a
-            file name); ``postgresql://…`` or ``postgres://…`` (needs the ``postgres`` extra; percent-encode
-            ``/`` and ``@`` in a user name or password).
+            in the working directory; ``sqlite:///`` with no path is refused; no ``?`` query or ``#`` fragment:
+            percent-encode those characters in a file name); ``postgresql://…`` or ``postgres://…`` (needs the
+            ``postgres`` extra; percent-encode ``/`` and ``@`` in a user name or password).
         **options: ``slow_call`` (every store): log ``store.call_slow`` for a call slower than this
             ``timedelta`` (default: ``$THREADLOOM_SLOW_CALL_MS`` milliseconds if set, else 1 s; None or
             ``timedelta(0)``: never). The others go to the store's constructor: ``clock`` for memory;

@@ -112,8 +112,9 @@ def sqlite_file(url: str) -> str | None:
     ``sqlite://`` → :data:`DEFAULT_SQLITE_PATH`. Percent escapes are decoded (``%3F`` → ``?``).
 
     Raises:
-        ValidationError: (field ``url``) a ``sqlite:`` URL without ``//``, or with a query (``?…``) or fragment
-            (``#…``): SQLite would create a file with that text in its name.
+        ValidationError: (field ``url``) a ``sqlite:`` URL without ``//``, ``sqlite:///`` with no path after it
+            (a path left out, not the default file), or a URL with a query (``?…``) or fragment (``#…``): SQLite
+            would create a file with that text in its name.
     """
     if not isinstance(url, str) or url.split(":", 1)[0].lower() != "sqlite" or ":" not in url:
         return None
@@ -131,6 +132,16 @@ def sqlite_file(url: str) -> str | None:
                     ),
                 ),
             )
+    if rest == "///":
+        raise ValidationError(
+            "url",
+            (
+                (
+                    f"{redact_url(url)!r} names no file: write the path after the third slash "
+                    "(sqlite:///relative.db, sqlite:////absolute/path.db), or sqlite:// for the default file"
+                ),
+            ),
+        )
     path = unquote(rest[2:])
     path = path.removeprefix("/")  # sqlite:///rel.db → rel.db; sqlite:////abs.db → /abs.db
     return path or DEFAULT_SQLITE_PATH

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -343,6 +344,36 @@ def test_a_sqlite_file_in_a_missing_directory_is_a_usage_error_naming_the_direct
     assert list(tmp_path.iterdir()) == []
 
 
+STORE_PATH_COMMANDS = [
+    ["threads"], ["sweep", "--dry-run"], ["delete", "x", "--yes"], ["queue", "cancel", "1"], ["queue", "retry", "1"],
+    ["queue", "enqueue", "t", "--graph", "g"],
+]
+
+
+def test_a_directory_or_a_fifo_as_the_sqlite_path_is_a_bad_url_for_every_command(tmp_path):
+    """Found by an operator: the commands that write to an existing store (sweep, delete, queue cancel/retry) said
+    "cannot open store ... is not a threadloom store" with exit status 1, as for a store that failed; the path is
+    looked at with os.stat before anything opens it (a FIFO would block), so it is a bad URL (exit 2)."""
+    directory = tmp_path / "dir.db"
+    directory.mkdir()
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    for command in STORE_PATH_COMMANDS:
+        result = run("--store", url_of(directory), *command)
+        assert result.exit_code == EXIT_USAGE, (command, result.output)
+        line = one_error_line(result)
+        assert "bad store URL" in line and "is a directory" in line, (command, line)
+        done = subprocess.run(  # a real process: opening the FIFO would hang it (the timeout fails the test)
+            [sys.executable, "-m", "threadloom", "--store", url_of(fifo), *command],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == EXIT_USAGE, (command, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "bad store URL" in lines[0] and "not a regular file" in lines[0], done.stderr
+    assert directory.is_dir() and list(directory.iterdir()) == [] and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.db", "pipe.db"]
+
+
 @pytest.mark.parametrize("url", ["sqlite:///x.db?mode=ro", "sqlite:///x.db#frag", "sqlite:///x.db?"])
 def test_a_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path, monkeypatch, url):
     monkeypatch.chdir(tmp_path)
@@ -353,6 +384,24 @@ def test_a_sqlite_url_with_a_query_or_fragment_is_refused(tmp_path, monkeypatch,
     result = run("--store", url, "threads")
     assert result.exit_code == EXIT_USAGE
     assert "bad store URL" in one_error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["threads"], ["queue", "enqueue", "t", "--graph", "g"]], ids=["threads", "enqueue"])
+def test_a_sqlite_url_with_no_path_is_a_bad_url(tmp_path, monkeypatch, command):
+    """Found by an operator: ``sqlite:///`` (the path left out) opened, or created, ``threadloom.db`` in the working
+    directory as if ``sqlite://`` had been meant."""
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqlite:///", "SQLite:///"):
+        with pytest.raises(ValidationError) as caught:
+            open_store(url)
+        assert caught.value.field == "url" and url in str(caught.value) and "names no file" in str(caught.value)
+        result = run("--store", url, *command)
+        assert result.exit_code == EXIT_USAGE, result.output
+        line = one_error_line(result)
+        assert "bad store URL" in line and repr(url) in line, line
+    result = run("--store", "sqlite:///", "--json", *command)
+    assert json.loads(result.stdout)["error"]["type"] == "ValidationError"
     assert list(tmp_path.iterdir()) == []
 
 

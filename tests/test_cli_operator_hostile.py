@@ -105,6 +105,31 @@ def test_serve_refuses_an_empty_metrics_host_which_would_listen_everywhere(tmp_p
     assert "metrics_host" in result.output or "host" in result.output
 
 
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [("no such host!", "is not a host name or IPv4 address this machine can resolve"),
+     ("192.0.2.1", "is not an address of this machine"), ("", "must name an address")],
+)  # fmt: skip
+def test_serve_refuses_a_bad_metrics_host_naming_the_option_before_the_store_is_opened(tmp_path, monkeypatch, host, says):
+    """Found by an operator: ``--metrics-host 'no such host!'`` said the metrics port was not available and to
+    choose another --metrics-port, after the worker had created its store."""
+    (tmp_path / "onegraph.py").write_text(
+        "from threadloom import Graph, Step\n"
+        "graph = Graph('g', {'n': lambda state, ctx: Step.end(state)}, entry='n')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        cli,
+        ["--store", f"sqlite:///{tmp_path / 'new.db'}", "serve", "--graph", "onegraph:graph", "--metrics-port", "0",
+         "--metrics-host", host],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"--metrics-host {host!r}" in lines[0] and says in lines[0], result.output
+    assert "choose another --metrics-port" not in lines[0] and "Traceback" not in result.output
+    assert not (tmp_path / "new.db").exists()  # refused before the store was created
+
+
 @pytest.mark.parametrize("host", ["", " ", 7, None])
 def test_a_meter_refuses_to_serve_on_an_unnamed_host(host):
     prometheus_client = pytest.importorskip("prometheus_client")

@@ -706,7 +706,7 @@ def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(
     added = run(backend, "--json", "queue", "enqueue", "t-new", "--graph", "qa", "--input", '{"n": 1}',
                 "--tenant", "acme")
     assert added.exit_code == 0, added.output
-    entry = json.loads(added.output)["entry"]
+    entry = json.loads(added.stdout)["entry"]
     assert (entry["thread_id"], entry["graph_id"], entry["tenant_id"], entry["input"]) == ("t-new", "qa", "acme", {"n": 1})
     assert entry["status"] == "open" and entry["attempts"] == 0
     stored = store.queue.entry(entry["entry_id"])
@@ -726,6 +726,21 @@ def test_queue_enqueue_adds_an_open_entry_and_refuses_bad_input_writing_nothing(
     assert backend.dump() == before
 
 
+def test_queue_enqueue_refuses_a_delay_that_is_not_a_number_of_seconds_naming_the_option(
+    backend: Backend, store: Any
+) -> None:
+    """Found by an operator: ``--delay nan`` said "--delay must be at most 36500 days"."""
+    before = backend.dump()
+    for delay, says in (("nan", "'nan' is not a number"), ("NaN", "'NaN' is not a number"),
+                        ("inf", "not in the range"), ("-inf", "not in the range"), ("-1", "not in the range"),
+                        ("1e300", "not in the range")):
+        refused = run(backend, "queue", "enqueue", "t", "--graph", "qa", "--delay", delay)
+        assert refused.exit_code == EXIT_USAGE, (delay, refused.output)
+        lines = refused.output.strip().splitlines()
+        assert len(lines) == 1 and "'--delay'" in lines[0] and says in lines[0], (delay, refused.output)
+    assert backend.dump() == before
+
+
 def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backend, store: Any) -> None:
     """Found by an operator: ``--input '{"n": 1, "n": 2}'`` was enqueued with ``{"n": 2}`` (the last value won)."""
     before = backend.dump()
@@ -739,6 +754,48 @@ def test_queue_enqueue_refuses_an_input_object_naming_a_key_twice(backend: Backe
         assert json.loads(as_json.stdout.splitlines()[0])["error"]["type"] == "ValidationError"
     assert backend.dump() == before
     assert store.queue.entries(limit=10) == []
+
+
+def test_queue_enqueue_notes_a_graph_the_store_has_never_seen(backend: Backend, store: Any) -> None:
+    """Found by an operator: an entry of a mistyped --graph was enqueued silently and waited forever."""
+    unseen = run(backend, "--json", "queue", "enqueue", "t1", "--graph", "qa")
+    assert unseen.exit_code == 0, unseen.output
+    assert json.loads(unseen.stdout)["graph_seen"] is False
+    note = unseen.stderr.strip().splitlines()
+    assert len(note) == 1 and "note: no runtime serving graph 'qa' has been seen" in note[0], unseen.stderr
+    entry = store.queue.entry(json.loads(unseen.stdout)["entry"]["entry_id"])
+    assert entry is not None and entry.graph_id == "qa"  # enqueued all the same
+    again = run(backend, "--json", "queue", "enqueue", "t2", "--graph", "qa")  # a queue entry of it: seen
+    assert again.exit_code == 0 and json.loads(again.stdout)["graph_seen"] is True and again.stderr == ""
+    claim = store.claim("t3", ClaimRequest(holder="r", ttl=TTL))
+    store.commit("t3", Commit(token=claim.token, checkpoint=Checkpoint(
+        id="c", parent=None, thread_id="t3", run_id="r", status=CheckpointStatus.COMPLETED, created_at=NOW,
+        graph_id="ran", tenant_id="acme")))
+    store.release("t3", claim.token)
+    ran = run(backend, "--json", "queue", "enqueue", "t4", "--graph", "ran")  # a thread of it (another tenant)
+    assert ran.exit_code == 0 and json.loads(ran.stdout)["graph_seen"] is True and ran.stderr == ""
+    text = run(backend, "queue", "enqueue", "t5", "--graph", "typo")
+    assert text.exit_code == 0
+    assert "enqueued (thread t5, graph typo)" in " ".join(text.stdout.split()) and "note" not in text.stdout
+    assert "graph 'typo' has been seen" in text.stderr
+    assert [e.graph_id for e in store.queue.entries(limit=10)] == ["qa", "qa", "ran", "typo"]
+
+
+@pytest.mark.parametrize("url", ["memory://", "MEMORY://"])
+def test_queue_enqueue_refuses_a_memory_store_whose_queue_is_gone_when_it_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """Found by an operator: against memory:// the entry was 'enqueued' into a queue gone as the command exited."""
+    monkeypatch.chdir(tmp_path)
+    refused = CliRunner().invoke(cli, ["--store", url, "queue", "enqueue", "t", "--graph", "qa"])
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and "memory://" in lines[0] and "--store" in lines[0], refused.output
+    assert "enqueued" not in refused.output
+    as_json = CliRunner().invoke(cli, ["--store", url, "--json", "queue", "enqueue", "t", "--graph", "qa"])
+    assert as_json.exit_code == EXIT_USAGE
+    assert json.loads(as_json.stdout.splitlines()[0])["error"]["type"] == "ValidationError"
+    assert list(tmp_path.iterdir()) == []  # no store opened or created, not even the default file
 
 
 # -- refusals: one error line, no log line ---------------------------------------------------------------------------

@@ -244,6 +244,37 @@ def test_tenants_are_checked_and_never_leak(runtime, store):
     assert store.latest("t1").checkpoint.status is CheckpointStatus.COMPLETED  # nothing changed
 
 
+def test_a_refusal_spends_a_fencing_token_only_once_the_run_holds_the_thread(runtime, store):
+    """What the README says of refusals and tokens: ThreadBusy is refused before a claim and spends none; a refusal
+    found once the run holds the thread (TenantMismatch, InvalidRunState) claims and releases it, spending one."""
+    counter = Counter()
+    gate = threading.Event()
+    graph = linear_graph(counter, gate)
+    handle = runtime.start("t1", graph, {}, tenant_id="acme")
+    _wait_for(lambda: counter.counts.get("b") == 1)
+    mark = store.token_high_water()
+    for call in (lambda: runtime.start("t1", graph, {}, tenant_id="acme"),
+                 lambda: runtime.start("t1", graph, {}, tenant_id="evil"),
+                 lambda: runtime.recover("t1", graph, tenant_id="acme"),
+                 lambda: runtime.resume("t1", graph, {}, tenant_id="acme")):
+        with pytest.raises(ThreadBusy):
+            call()
+    assert store.token_high_water() == mark  # busy: no token spent
+    gate.set()
+    handle.wait(WAIT)
+    for call, refusal in ((lambda: runtime.start("t1", graph, {}, tenant_id="evil"), TenantMismatch),
+                          (lambda: runtime.recover("t1", graph, tenant_id="acme"), InvalidRunState),
+                          (lambda: runtime.resume("t1", graph, {}, tenant_id="acme"), InvalidRunState),
+                          (lambda: runtime.start("t1", linear_graph(counter, graph_id="other"), {},
+                                                 tenant_id="acme"), InvalidRunState)):
+        mark = store.token_high_water()
+        with pytest.raises(refusal):
+            call()
+        assert store.token_high_water() == mark + 1  # claimed, found refused, released
+        assert store.current_claim("t1") is None
+    assert store.latest("t1").checkpoint.status is CheckpointStatus.COMPLETED  # nothing else changed
+
+
 def test_start_refuses_an_incomplete_thread_and_recover_continues_it(runtime, store):
     counter = Counter()
     gate = threading.Event()

@@ -183,6 +183,16 @@ def test_walks_refuses_a_bad_group(backend: Backend) -> None:
     assert "group" in result.output
 
 
+def test_walks_follow_refuses_an_every_that_is_not_a_number_of_seconds(backend: Backend) -> None:
+    """Found by an operator: ``--every nan`` was accepted (NaN compares false with both bounds of the range)."""
+    backend.open().close()
+    for every, says in (("nan", "'nan' is not a number"), ("inf", "not in the range"), ("-1", "not in the range")):
+        result = run(backend, "walks", "--follow", "--graph", "g", "--every", every)
+        assert result.exit_code == 2, (every, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and "'--every'" in lines[0] and says in lines[0], (every, result.output)
+
+
 @pytest.mark.parametrize("share", ["nan", "inf", "-3", "7", "0", "half"])
 def test_walks_shows_no_share_for_a_walk_record_whose_share_is_not_one(tmp_path: Path, share: Any) -> None:
     from threadloom.actors.walker import DEFAULT_GROUP, SHARE_KEY
