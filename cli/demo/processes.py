@@ -16,8 +16,9 @@ import attrs
 from threadloom.cli.demo.plan import DemoPlan
 from threadloom.cli.output import STORE_ENV
 
-STOP_GRACE_S = 15.0
-"""How long (seconds) a worker may take to stop after SIGTERM before it is killed."""
+STOP_GRACE_S = 30.0
+"""How long (seconds) a worker may take to stop after SIGTERM before it is killed: more than a runtime's close
+takes with its default ``close_timeout`` (10 s) behind a SQLite call waiting out its ``busy_timeout`` (5 s)."""
 LOG_TAIL = 5
 """Lines of a worker's log shown when it exits unexpectedly."""
 

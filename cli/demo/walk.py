@@ -203,6 +203,7 @@ class WalkRun:
     """What happened: the moments (seconds since start), the kill, the takeover, the checks."""
 
     v1_stopped_s: float | None = None
+    v1_stop_took_s: float | None = None  # from its SIGTERM to its exit (or its SIGKILL, after the stop grace)
     v1_stopped_at: datetime | None = None
     walk_claimed_at: datetime | None = None
     walk_started_s: float | None = None
@@ -306,11 +307,16 @@ def run_walk_demo(
         run.v2_waited = view.record is not None and view.record.schema == v1_hash
         v1 = workers[0]
         exited.add(v1.name)
+        stopping = time.monotonic()
         stop_workers([v1])
+        run.v1_stop_took_s = time.monotonic() - stopping
         run.v1_stopped_at = datetime.now(UTC)
         run.v1_stopped_s = display.elapsed()
-        display.note(f"stopped v1-1 (SIGTERM, exit {v1.process.returncode}); its membership expires in "
-                     f"{plan.ttl.total_seconds():g}s")  # fmt: skip
+        display.note(f"stopped v1-1 (SIGTERM, {v1.status()} after {run.v1_stop_took_s:.1f}s); its membership "
+                     f"expires in {plan.ttl.total_seconds():g}s")  # fmt: skip
+        if v1.status() != "stopped":
+            for line in v1.log_tail():
+                display.note(f"  v1-1: {line}")
         if not poll(lambda view, _s: view.record is not None and view.record.schema == v2_hash, "v2's walk"):
             return run, workers
         view = read_view(store, plan, folder)

@@ -72,6 +72,7 @@ class WalkResult:
             },
             "workers": [{"name": w.name, "pid": w.pid, "status": w.status()} for w in self.workers],
             "v1_stopped_s": self.run.v1_stopped_s,
+            "v1_stop_took_s": self.run.v1_stop_took_s,
             "walk_started_s": self.run.walk_started_s,
             "v1_stopped_at": None if self.run.v1_stopped_at is None else self.run.v1_stopped_at.isoformat(),
             "walk_claimed_at": None if self.run.walk_claimed_at is None else self.run.walk_claimed_at.isoformat(),

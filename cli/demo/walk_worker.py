@@ -11,6 +11,7 @@ file (JSON: live commits, the walk's share on this node, whether the store's wri
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -35,6 +36,10 @@ from threadloom.persistence import open_store
 
 STATUS_EVERY_S = 0.25
 """How often (seconds) a worker replaces its status file."""
+
+
+SLOW_STOP_S = 5.0
+"""A stop (the runtime's close, then the store's) slower than this many seconds is logged as a warning."""
 
 
 def write_status(path: Path, status: dict[str, Any]) -> None:
@@ -113,8 +118,14 @@ def demo_walk_worker(
         raise CliError(f"${STORE_ENV} names no store", 2)
     store = open_store(url, access=release_access(release, graph_id))
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def stopping(*_: object) -> None:
+        stop.set()
+        # A stop that hangs leaves every thread's stack in the worker's log before the coordinator's SIGKILL.
+        faulthandler.dump_traceback_later(SLOW_STOP_S * 2)
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
     options = AccessStampOptions(interval=interval, walk_batch=1000, walk_share=walk_share, walk_rate=walk_rate)
     policy = ClaimPolicy(ttl=ttl, renew_every=renew_every)
     runtime = GraphRuntime(store, node_id=name, claim_policy=policy, access_options=options)
@@ -166,9 +177,15 @@ def demo_walk_worker(
             wake = min(next_status, next_commit if gap is not None else next_status)
             stop.wait(max(0.0, min(0.05, wake - time.monotonic())))
     finally:
+        began = time.monotonic()
         runtime.close()
+        closed = time.monotonic()
         store.close()
-    log.info("demo.walk_worker_stopped", worker=name, pid=os.getpid(), commits=commits)
+        took = {"runtime_close_s": round(closed - began, 3), "store_close_s": round(time.monotonic() - closed, 3)}
+        faulthandler.cancel_dump_traceback_later()
+    # A slow stop is worth a warning (the coordinator SIGKILLs a worker that does not stop in time): where it went.
+    report = log.warning if sum(took.values()) > SLOW_STOP_S else log.info
+    report("demo.walk_worker_stopped", worker=name, pid=os.getpid(), commits=commits, **took)
 
 
-__all__ = ["STATUS_EVERY_S", "demo_walk_worker", "live_commit", "write_status"]
+__all__ = ["SLOW_STOP_S", "STATUS_EVERY_S", "demo_walk_worker", "live_commit", "write_status"]
