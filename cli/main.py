@@ -38,6 +38,7 @@ import click
 from threadloom import __version__
 from threadloom.cli.output import (
     DEFAULT_STORE_URL,
+    EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -156,11 +157,21 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+class _StdoutClosed(Exception):
+    """Standard output was closed under a command (a pipe's reader ended): :data:`EXIT_BROKEN_PIPE`."""
+
+
 class ThreadloomGroup(click.Group):
     """The ``threadloom`` group: loads :data:`LAZY_COMMANDS` on use, and reports every error on one line."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as error:  # click would end the process with status 1 ("the store failed")
+            raise _StdoutClosed from error
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -252,10 +263,10 @@ class ThreadloomGroup(click.Group):
                 with contextlib.suppress(OSError, ValueError):
                     click.echo(json_text(error_document("Interrupted", "interrupted")))
             return EXIT_INTERRUPTED
-        except BrokenPipeError:  # stdout closed early (``threadloom ... | head``): not an error of ours
+        except (BrokenPipeError, _StdoutClosed):  # stdout closed early (``threadloom ... | head``): not ours
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
-            return EXIT_FAILED
+            return EXIT_BROKEN_PIPE
         except Exception as error:
             library = _library_error(error)
             if library is not None:

@@ -52,6 +52,9 @@ EXIT_USAGE = 2
 """Bad command line or input: unknown option, bad duration, bad store URL, invalid id (``ValidationError``)."""
 EXIT_INTERRUPTED = 130
 """Interrupted (Ctrl-C) in a command other than ``events --follow``, for which Ctrl-C is the normal end."""
+EXIT_BROKEN_PIPE = 141
+"""Standard output was closed before the output was written (``threadloom ... | head``): 128 + SIGPIPE, the status
+of a Unix tool that SIGPIPE ended. What the command did to the store is done; only its output was cut."""
 
 
 # -- durations -------------------------------------------------------------------------------------------------------
@@ -406,9 +409,16 @@ def console(stream: Any, *, stderr: bool = False) -> Console:
     terminal's width (or ``$COLUMNS``); markup highlighting off."""
     from rich.console import Console
 
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit with status 1, which means "the store refused or failed": the command's own
+            # handler ends it with EXIT_BROKEN_PIPE instead.
+            self.quiet = True
+            raise BrokenPipeError("standard output was closed")
+
     tty = bool(getattr(stream, "isatty", lambda: False)())
     width = None if tty or "COLUMNS" in os.environ else 200  # piped output: do not fold at 80 columns
-    return Console(stderr=stderr, highlight=False, width=width)
+    return PipeConsole(stderr=stderr, highlight=False, width=width)
 
 
 # -- JSON shapes -------------------------------------------------------------------------------------------------------
@@ -547,6 +557,7 @@ __all__ = [
     "DEFAULT_SQLITE_PATH",
     "DEFAULT_STORE_URL",
     "DURATION",
+    "EXIT_BROKEN_PIPE",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",

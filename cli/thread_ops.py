@@ -20,7 +20,7 @@ import click
 from rich.text import Text
 
 from threadloom.cli.output import DURATION, CliError, CliState, cell, state_of
-from threadloom.domain.errors import RunFailed, ThreadBusy, ValidationError
+from threadloom.domain.errors import RunFailed, TenantMismatch, ThreadBusy, ValidationError
 from threadloom.domain.values import CheckpointStatus, RunClaim
 from threadloom.persistence.base import Checkpointer
 
@@ -40,11 +40,17 @@ def _graph(spec: str) -> object:
 
 
 def _tenant_of(state: CliState, store: Checkpointer, thread: str, tenant: str | None) -> str | None:
-    """The tenant to act for: ``--tenant``, else the thread's own (its latest checkpoint's)."""
+    """The tenant to act for: ``--tenant``, else the thread's own (its latest checkpoint's).
+
+    Another tenant's thread is refused here, before the command looks at its status or its claim, so nothing of
+    it (not whether a run holds it) is told to that tenant and no claim is taken.
+    """
     latest = store.latest(thread)
     if latest is None and store.current_claim(thread) is None:
         raise CliError(f"unknown thread {thread!r}: it has no checkpoint in {state.safe_url}", kind="UnknownThread")
     if tenant is not None:
+        if latest is not None and latest.checkpoint.tenant_id != tenant:
+            raise TenantMismatch(thread, tenant)
         return tenant
     return latest.checkpoint.tenant_id if latest is not None else None
 

@@ -453,3 +453,21 @@ def test_events_without_after_start_at_the_earliest_event_kept(db: Path) -> None
     assert refused.exit_code == 1
     line = one_error_line(refused)
     assert "compacted or pruned" in line and "use --after 3 or more" in line and "after_seq" not in line
+
+
+@pytest.mark.parametrize("args", [("threads",), ("--json", "threads"), ("queue", "list"), ("--json", "queue", "list")])
+def test_output_cut_by_a_closed_pipe_exits_141_silently(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """``threadloom ... | head``: the reader went away. Not "the store refused or failed" (1): 141, as a tool that
+    SIGPIPE ended, and nothing on stderr (found by a first-time user: exit 1 with no message)."""
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    store = SqliteCheckpointer.open(str(tmp_path / "pipe.db"))
+    store.queue.enqueue("t1", graph_id="g")
+    store.close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "threadloom", "--store", url, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command writes anything
+    stderr = process.stderr.read()
+    assert process.wait(60) == 141, stderr
+    assert stderr == b""

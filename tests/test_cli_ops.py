@@ -504,6 +504,28 @@ def test_recover_refuses_a_bad_graph_an_unknown_thread_and_a_settled_one(
     assert backend.dump() == before
 
 
+def test_recover_and_delete_refuse_another_tenants_thread_before_they_look_at_it(
+    backend: Backend, store: Any, graph_module: str
+) -> None:
+    _commit_run(store, "done", "run-1", 1, status=CheckpointStatus.COMPLETED)  # tenant None
+    live = _dead_run(store, "live", TTL)  # tenant acme, a live claim
+    mark = store.token_high_water()
+    before = backend.dump()
+    for args in (
+        ("recover", "done", "--graph", graph_module, "--tenant", "other"),
+        ("recover", "live", "--graph", graph_module, "--tenant", "other"),
+        ("delete", "live", "--tenant", "other", "--yes"),
+    ):
+        result = run(backend, "--json", *args)
+        assert result.exit_code == EXIT_FAILED, (args, result.output)
+        error = json.loads(result.output.splitlines()[-1])["error"]
+        # Neither the thread's status nor its holder is told to another tenant.
+        assert error["type"] == "TenantMismatch", (args, error)
+        assert "completed" not in error["message"] and live.holder not in error["message"], (args, error)
+    assert store.token_high_water() == mark  # no claim was taken
+    assert backend.dump() == before
+
+
 def test_delete_cascades_after_confirmation_and_refuses_a_live_run(backend: Backend, store: Any) -> None:
     from threadloom import CheckpointOrigin
 
@@ -827,6 +849,6 @@ def test_refusals_print_only_their_error_line_on_stderr(backend: Backend, store:
         assert len(lines) == 1 and lines[0].startswith("threadloom: error: "), (args, result.stderr)
         assert result.stdout == "", args
         assert rows() == before, args
-    asked = run(backend, "--log-level", "info", "delete", "t1", "--tenant", "other", "--yes")  # logs asked for
-    assert asked.exit_code == EXIT_FAILED and "delete.stopped" in asked.stderr
+    asked = run(backend, "--log-level", "info", "delete", "live", "--yes")  # logs asked for
+    assert asked.exit_code == EXIT_FAILED and "claim.busy" in asked.stderr
     store.release("live", claim.token)
