@@ -1,6 +1,7 @@
 """The cascade delete of ``GraphRuntime.delete_thread``.
 
-The root's tenant is checked first (another tenant's delete writes nothing), then the root is claimed (so a
+The root's tenant is checked first (its latest checkpoint's, or its claim's before its first checkpoint: another
+tenant's delete writes nothing), then the root is claimed (so a
 live run in any runtime refuses the delete, naming its holder to the same tenant), its tenant checked again under
 the claim, and marked with a fenced metadata commit ``{"threadloom.deleting": "true"}``
 (the registry then reports it ``DELETED`` and ``incomplete`` leaves it out). Then every descendant is claimed and
@@ -139,10 +140,11 @@ class CascadeDelete:
         """
         store = self.env.store
         # Another tenant's delete is refused before the claim, so it writes nothing (not even a claim that spends
-        # a fencing token or takes over a lapsed one), and a live run's holder is never named to it. The check is
-        # repeated under the claim: the root may have been created meanwhile.
+        # a fencing token or takes over a lapsed one) and is not told that a run holds the thread: by the latest
+        # checkpoint's tenant, or, before the first checkpoint, by the tenant of the claim of the run starting
+        # it. The check is repeated under the claim: the root may have been created meanwhile.
         try:
-            self._check_tenant(store.latest(self.root))
+            self._check_tenant(store.latest(self.root), store)
         except TenantMismatch as error:
             self._log.info(
                 "delete.stopped",
@@ -201,9 +203,17 @@ class CascadeDelete:
             raise
         return list(self.deleted)
 
-    def _check_tenant(self, latest: StoredCheckpoint | None) -> None:
-        if latest is not None and latest.checkpoint.tenant_id != self.tenant_id:
-            raise TenantMismatch(self.root, self.tenant_id)
+    def _check_tenant(self, latest: StoredCheckpoint | None, store: Checkpointer | None = None) -> None:
+        """Raises TenantMismatch when the root's latest checkpoint is another tenant's; with ``store`` (before the
+        claim), also when it has none yet but a claim of another tenant's run (a run starting, live or lapsed)."""
+        if latest is not None:
+            if latest.checkpoint.tenant_id != self.tenant_id:
+                raise TenantMismatch(self.root, self.tenant_id)
+            return
+        if store is not None:
+            claim = store.current_claim(self.root)
+            if claim is not None and claim.tenant_id != self.tenant_id:
+                raise TenantMismatch(self.root, self.tenant_id)
 
     def _release_all(self) -> None:
         if store_closed(self.env.store):

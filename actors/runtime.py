@@ -542,7 +542,9 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
     def delete_thread(self, thread_id: str, tenant_id: str | None = None) -> list[str]:
         """Deletes the thread and all its descendants, each delete fenced by the root's claim.
 
-        The root is claimed first (a live run in any runtime refuses the delete), its tenant checked, and marked
+        The root's tenant is checked first (its latest checkpoint's, or before its first checkpoint the tenant of
+        the claim on it): another tenant's delete is refused before anything is written. Then the root is claimed
+        (a live run in any runtime refuses the delete), its tenant checked again, and marked
         ``{"threadloom.deleting": "true"}`` by a fenced metadata commit: the registry reports it ``DELETED`` and
         ``incomplete`` leaves it out while the cascade runs. Children are deleted before their parents (paged
         through ``children``), the root last. Runs on the calling thread.
@@ -553,7 +555,8 @@ class GraphRuntime(ThreadReadsMixin, AsyncRuntimeMixin):
         Raises:
             ThreadBusy: the root or a descendant is held by a live run (named to the same tenant). A cascade
                 stopped half-way leaves the root marked DELETED; deleting again finishes it.
-            TenantMismatch: the root is another tenant's; nothing changed.
+            TenantMismatch: the root is another tenant's; nothing was written (no claim either), and nothing is
+                told of a run holding it.
             StaleClaim: the root was taken over during the cascade.
             ValidationError, ProcessingError: a bad argument; the store failed or the runtime is closed.
         """

@@ -46,13 +46,15 @@ def _tenant_of(state: CliState, store: Checkpointer, thread: str, tenant: str | 
     it (not whether a run holds it) is told to that tenant and no claim is taken.
     """
     latest = store.latest(thread)
-    if latest is None and store.current_claim(thread) is None:
+    claim = store.current_claim(thread) if latest is None else None
+    if latest is None and claim is None:
         raise CliError(f"unknown thread {thread!r}: it has no checkpoint in {state.safe_url}", kind="UnknownThread")
     if tenant is not None:
-        if latest is not None and latest.checkpoint.tenant_id != tenant:
+        owner = latest.checkpoint.tenant_id if latest is not None else claim.tenant_id  # type: ignore[union-attr]
+        if owner != tenant:  # before its first checkpoint: the tenant of the run starting it
             raise TenantMismatch(thread, tenant)
         return tenant
-    return latest.checkpoint.tenant_id if latest is not None else None
+    return latest.checkpoint.tenant_id if latest is not None else claim.tenant_id  # type: ignore[union-attr]
 
 
 def _holder_text(claim: RunClaim | None) -> str:
@@ -150,7 +152,8 @@ def recover(
 def delete(ctx: click.Context, thread: str, tenant: str | None, yes: bool) -> None:
     """Delete THREAD and all its descendants (the runtime's fenced cascade); asks first unless --yes.
 
-    The thread is claimed first, so a live run anywhere refuses the delete (exit 1, nothing deleted); a cascade
+    Another tenant's thread (--tenant) is refused first, with nothing written. Then the thread is claimed, so a
+    live run anywhere refuses the delete (exit 1, nothing deleted); a cascade
     stopped half-way leaves the thread listed as deleted, and deleting again finishes it. Refused without --yes
     when stdin is not a terminal.
     """

@@ -509,12 +509,14 @@ def test_recover_and_delete_refuse_another_tenants_thread_before_they_look_at_it
 ) -> None:
     _commit_run(store, "done", "run-1", 1, status=CheckpointStatus.COMPLETED)  # tenant None
     live = _dead_run(store, "live", TTL)  # tenant acme, a live claim
+    store.claim("starting", ClaimRequest(holder="run-s", ttl=TTL, tenant_id="acme"))  # no checkpoint yet
     mark = store.token_high_water()
     before = backend.dump()
     for args in (
         ("recover", "done", "--graph", graph_module, "--tenant", "other"),
         ("recover", "live", "--graph", graph_module, "--tenant", "other"),
         ("delete", "live", "--tenant", "other", "--yes"),
+        ("delete", "starting", "--tenant", "other", "--yes"),
     ):
         result = run(backend, "--json", *args)
         assert result.exit_code == EXIT_FAILED, (args, result.output)

@@ -851,7 +851,27 @@ BAD_OPTION_VALUES = [
     ({"port": "99999"}, 'invalid port number: "99999"'),
     ({"keepalives": "often"}, 'invalid integer value "often" for connection option "keepalives"'),
     ({"options": "-c TimeZone=Nowhere/Bogus"}, 'invalid value for parameter "TimeZone": "Nowhere/Bogus"'),
+    # found by hostile testing: these were still a retryable StoreUnavailable
+    ({"ssl_min_protocol_version": "TLSv9"}, 'invalid "ssl_min_protocol_version" value: "TLSv9"'),
+    ({"options": "-c search_path"}, "-c search_path requires a value"),
+    ({"service": "nosuch"}, 'definition of service "nosuch" not found'),
 ]
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [{"dbname": "invalid value"}, {"host": "/nonexistent/invalid value"}],
+    ids=["database", "socket-directory"],
+)
+def test_a_name_that_reads_like_a_refused_option_is_not_taken_for_one(harness: PgHarness, parts: dict) -> None:
+    """The refusal is recognised in libpq's reason, never in the names it quotes (found by hostile testing: a
+    socket directory named "invalid value" made a missing server a bad option, exit 2)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    options = {**conninfo_to_dict(harness.dsn), **parts, "connect_timeout": "2"}
+    with pytest.raises(ProcessingError) as caught:
+        PostgresCheckpointer.open(make_conninfo(**options), harness.config(schema=new_schema_name()))
+    assert not isinstance(caught.value, ValidationError)
 
 
 def _with_password_and(dsn: str, options: dict[str, str]) -> str:

@@ -423,6 +423,20 @@ def test_a_delete_refused_for_another_tenant_writes_nothing(runtime, store):
     assert runtime.delete_thread("t1", "acme") == ["t1"]
 
 
+@pytest.mark.parametrize("ttl", [timedelta(seconds=30), timedelta(milliseconds=1)], ids=["live", "lapsed"])
+def test_a_delete_for_another_tenant_before_the_first_checkpoint_is_refused_by_the_claims_tenant(runtime, store, ttl):
+    """A run holds its claim before its first checkpoint: another tenant's delete is refused by the claim's tenant,
+    neither told that a run holds the thread nor taking a lapsed claim over (found by hostile testing)."""
+    starting = store.claim("t1", ClaimRequest(holder="run-acme", ttl=ttl, tenant_id="acme"))
+    time.sleep(0.01)
+    mark = store.token_high_water()
+    with pytest.raises(TenantMismatch) as caught:
+        runtime.delete_thread("t1", "evil")
+    assert "held" not in str(caught.value)
+    assert store.current_claim("t1") == starting and store.token_high_water() == mark
+    store.release("t1", starting.token)
+
+
 def test_a_busy_thread_names_its_holder_to_the_same_tenant_only(runtime, store):
     gate = threading.Event()
     counter = Counter()

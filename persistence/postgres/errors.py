@@ -69,18 +69,25 @@ a connection the server refused (only its message, in the server's ``lc_messages
 classification by text; an unrecognised message counts as one that may heal."""
 
 _OPTION_REFUSED = re.compile(
-    r"\binvalid (?:\w+ )?value\b"  # libpq: invalid sslmode value, invalid integer value; the server: invalid value
+    r"\binvalid (?:\w+ |\"\" )?value\b"  # libpq: invalid sslmode value, invalid "ssl_min_protocol_version" value,
+    # invalid integer value; the server: invalid value for parameter
     r"|\binvalid port number\b"
     r"|\binvalid require_auth method\b"
     r"|\bcould not match \d+ (?:host names|port numbers)\b"
     r"|\bcould not parse network address\b"  # hostaddr
     r"|\bunrecognized configuration parameter\b"  # options=-c name=value
     r"|\binvalid command-line argument"  # options that are not -c settings
-    r"|\bparameter \"[^\"]*\" cannot be (?:changed|set)\b"
+    r"|\brequires a value\b"  # options=-c without name=value
+    r"|\bparameter \"\" cannot be (?:changed|set)\b"
+    r"|\bdefinition of service \"\" not found\b"
 )
 """libpq's and the server's refusals of an option value of the connection string. libpq raises them before it
 sends anything, the server (a setting in ``options``) as the connection's FATAL error; neither has a SQLSTATE
-psycopg reports for a connection, so they are recognised by text. No retry heals them."""
+psycopg reports for a connection, so they are recognised by text: the text after libpq's ``connection to server
+… failed:``, with every quoted name emptied (``""``), so a host, socket directory or database whose name reads
+like a refusal is not taken for one. No retry heals them."""
+
+_QUOTED = re.compile(r'"[^"]*"')
 
 
 def connect_error(
@@ -105,7 +112,7 @@ def connect_error(
     # libpq: 'connection to server at "h", port p failed: FATAL:  <why>', then hint lines; the target is known
     why = lines[0].rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip() if lines else type(error).__name__
     why = why.removeprefix("connection is bad:").strip()
-    if lines and _OPTION_REFUSED.search(lines[0]):
+    if lines and _OPTION_REFUSED.search(_QUOTED.sub('""', why)):
         return ValidationError(
             "conninfo",
             (
