@@ -509,17 +509,35 @@ def time_cell(when: datetime | None) -> Text:
     return Text("" if when is None else when.isoformat(sep=" ", timespec="milliseconds"))
 
 
-def json_cell(value: Any) -> Text:
-    """``value`` as compact JSON text on one line (escaped as :func:`json_text` does)."""
+SHOWN_JSON_MAX = 100_000
+"""How many characters of one JSON value a table cell or block shows; a longer value is cut there, shown compact
+and not highlighted, with its full length (``--json`` gives all of it). Rendering a value of megabytes line by line
+would take minutes and gigabytes (found by hostile testing: a 1.3 MB stored list took 36 s and 1.7 GB)."""
+
+
+def _cut(compact: str) -> Text:
     from rich.text import Text
 
-    return Text(json_text(value, compact=True))
+    return Text(f"{compact[:SHOWN_JSON_MAX]} … (cut: {len(compact):,} characters of JSON in all; --json gives all)")
+
+
+def json_cell(value: Any) -> Text:
+    """``value`` as compact JSON text on one line (escaped as :func:`json_text` does), cut at
+    :data:`SHOWN_JSON_MAX` characters."""
+    from rich.text import Text
+
+    compact = json_text(value, compact=True)
+    return _cut(compact) if len(compact) > SHOWN_JSON_MAX else Text(compact)
 
 
 def json_block(value: Any) -> Text:
-    """``value`` as indented, highlighted JSON (as ``rich.json.JSON``, but with :func:`json_text`'s escapes)."""
+    """``value`` as indented, highlighted JSON (as ``rich.json.JSON``, but with :func:`json_text`'s escapes); a
+    value longer than :data:`SHOWN_JSON_MAX` characters as :func:`json_cell` shows it."""
     from rich.highlighter import JSONHighlighter
 
+    compact = json_text(value, compact=True)
+    if len(compact) > SHOWN_JSON_MAX:
+        return _cut(compact)
     text = JSONHighlighter()(json_text(value, indent=2))
     text.no_wrap = True
     text.overflow = None
@@ -562,6 +580,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "SHOWN_JSON_MAX",
     "OUTCOME",
     "STORE_ENV",
     "CliError",

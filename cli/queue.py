@@ -32,7 +32,7 @@ from threadloom.domain import rules
 from threadloom.domain.queue import EntryStatus, QueueEntry
 from threadloom.domain.validation import MAX_DURATION
 from threadloom.domain.values import CheckpointStatus
-from threadloom.persistence.queue import RunQueue, cancel_entry, queue_of
+from threadloom.persistence.queue import RunQueue, cancel_entry, check_enqueue, queue_of
 
 STATES = ("open", "leased", "completed", "failed", "done")
 """The choices of ``queue list --state``: open (not finished, leased or not), leased (open and a lease names a
@@ -328,6 +328,8 @@ def enqueue(
             kind="ValidationError",
         )
     value = parse_json_option("--input", input_text)
+    # every check before the store opens: a refused entry creates no store either
+    check_enqueue(thread_id, graph_id, value, tenant, timedelta(seconds=delay))
     q = _queue(state, read_only=False, create=True)  # enqueueing onto a new store creates it, as serve does
     seen = graph_seen(state.store(), q, graph_id)  # before the entry: it would be a sign of its own graph
     entry = q.enqueue(thread_id, graph_id=graph_id, input=value, tenant_id=tenant, delay=timedelta(seconds=delay))

@@ -38,6 +38,23 @@ def _graphs(specs: tuple[str, ...]) -> list[Any]:
     return graphs
 
 
+def _check_listen_address(host: str, shown: str) -> None:
+    """Refuses an IP address nothing on this machine can be reached at though a socket binds it (multicast, the
+    broadcast address): the printed URL would lead nowhere (found by hostile testing)."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return  # a host name: resolved (and refused if it is not this machine's) when the endpoint binds
+    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        kind = "a multicast" if address.is_multicast else "the broadcast"
+        raise CliError(
+            f"--metrics-host {shown} is {kind} address, not one a scraper can reach this machine at; give one of "
+            "its addresses, e.g. 127.0.0.1 or 0.0.0.0 for every interface", 2, kind="ValidationError",
+        )  # fmt: skip
+
+
 def _metrics_endpoint(port: int, host: str) -> tuple[Any, Any]:
     """A ``PrometheusMeter`` and the endpoint serving it on ``host`` port ``port``, listening already.
 
@@ -56,6 +73,7 @@ def _metrics_endpoint(port: int, host: str) -> tuple[Any, Any]:
         raise CliError(f"--metrics-port needs the metrics extra: {error}", 2) from error
     meter = PrometheusMeter(prometheus_client.CollectorRegistry())
     shown = printable(repr(host))
+    _check_listen_address(host, shown)
     try:
         return meter, meter.serve(port, host=host)
     except ValidationError as error:
@@ -135,6 +153,8 @@ def serve(
     graphs = _graphs(graph_specs)
     endpoint = None
     meter = None
+    if metrics_port is None and ctx.get_parameter_source("metrics_host") is not click.core.ParameterSource.DEFAULT:
+        raise CliError("--metrics-host needs --metrics-port: without it nothing is served", 2, kind="UsageError")
     if metrics_port is not None:  # before the store is opened (or created): a bad host or port changes nothing
         meter, endpoint = _metrics_endpoint(metrics_port, metrics_host)
     try:

@@ -43,7 +43,7 @@ import abc
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from time import perf_counter
-from typing import Any
+from typing import Any, NoReturn
 
 from threadloom.domain import rules
 from threadloom.domain import validation as v
@@ -240,7 +240,8 @@ class RunQueue(abc.ABC):
             ``retried_as`` names the entry its retry enqueued.
 
         Raises:
-            ValidationError: a bad ``entry_id``; nothing written.
+            ValidationError: a bad ``entry_id``, or an entry of the walks' reserved graph id (enqueued before
+                :meth:`enqueue` refused it); nothing written.
             ProcessingError: the storage failed or the store is closed. Retrying after an unknown outcome is
                 safe: if the first call applied, the second answers None and :meth:`entry` names its entry.
         """
@@ -344,15 +345,7 @@ class QueueBase(SlowCalls, RunQueue):
         tenant_id: str | None = None,
         delay: timedelta = timedelta(0),
     ) -> QueueEntry:
-        v.check_id("thread_id", thread_id)
-        v.check_id("graph_id", graph_id)
-        if graph_id == WALK_GRAPH_ID:
-            raise ValidationError(
-                "graph_id", (f"{WALK_GRAPH_ID!r} is reserved for the walks; no run of it can be enqueued",)
-            )
-        v.check_json("input", input)
-        v.check_optional_id("tenant_id", tenant_id)
-        v.check_non_negative_duration("delay", delay)
+        check_enqueue(thread_id, graph_id, input, tenant_id, delay)
         started = self._begin("enqueue")
         try:
             return self._enqueue(thread_id, graph_id, input, tenant_id, delay)
@@ -443,6 +436,9 @@ class QueueBase(SlowCalls, RunQueue):
 
     def retry(self, entry_id: int) -> QueueEntry | None:
         _entry_id("entry_id", entry_id)
+        failed = self.entry(entry_id)  # an entry's graph never changes: read before the retry's transaction
+        if failed is not None and failed.graph_id == WALK_GRAPH_ID:
+            _reserved_graph()
         started = self._begin("retry")
         try:
             return self._retry(entry_id)
@@ -617,6 +613,26 @@ def queue_of(store: Any) -> RunQueue:
     return queue
 
 
+def _reserved_graph() -> NoReturn:
+    raise ValidationError("graph_id", (f"{WALK_GRAPH_ID!r} is reserved for the walks; no run of it can be enqueued",))
+
+
+def check_enqueue(thread_id: Any, graph_id: Any, input: Any, tenant_id: Any, delay: Any) -> None:  # noqa: A002
+    """The checks of :meth:`RunQueue.enqueue`'s arguments, without a store: a caller that would create a store to
+    enqueue (``threadloom queue enqueue``) runs them first, so bad input creates nothing either.
+
+    Raises:
+        ValidationError: as :meth:`RunQueue.enqueue`, naming the argument.
+    """
+    v.check_id("thread_id", thread_id)
+    v.check_id("graph_id", graph_id)
+    if graph_id == WALK_GRAPH_ID:
+        _reserved_graph()
+    v.check_json("input", input)
+    v.check_optional_id("tenant_id", tenant_id)
+    v.check_non_negative_duration("delay", delay)
+
+
 __all__ = [
     "CANCEL_LEASE_TTL",
     "MAX_ERROR_LENGTH",
@@ -625,5 +641,6 @@ __all__ = [
     "QueueBase",
     "RunQueue",
     "cancel_entry",
+    "check_enqueue",
     "queue_of",
 ]

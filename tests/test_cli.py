@@ -471,3 +471,24 @@ def test_output_cut_by_a_closed_pipe_exits_141_silently(tmp_path: Path, args: tu
     stderr = process.stderr.read()
     assert process.wait(60) == 141, stderr
     assert stderr == b""
+
+
+def test_show_cuts_a_long_value_and_json_gives_all_of_it(tmp_path: Path) -> None:
+    """A state of megabytes is shown cut, compact, with its length (found by hostile testing: rendering a decoded
+    1.3 MB LangGraph list line by line took 36 s and 1.7 GB); ``--json`` gives every element."""
+    from threadloom.cli.output import SHOWN_JSON_MAX
+
+    path = tmp_path / "big.db"
+    big = [0] * (SHOWN_JSON_MAX * 2)
+    with SqliteCheckpointer.open(str(path)) as store:
+        claim = store.claim("big", ClaimRequest(holder="run-1", ttl=HOUR))
+        store.commit("big", Commit(token=claim.token, checkpoint=Checkpoint(
+            id="cp-0", parent=None, thread_id="big", run_id="run-1", status=CheckpointStatus.COMPLETED,
+            created_at=NOW, state={"items": big},
+        ), pending_writes=[PendingWrite(checkpoint_id="cp-0", task_id="t", node_id="n", payload={"items": big})]))
+    result = run("--store", url_of(path), "show", "big")
+    assert result.exit_code == 0, result.stderr
+    full = len(json.dumps({"items": big}, separators=(",", ":")))
+    assert result.stdout.count(f"cut: {full:,} characters of JSON in all; --json gives all") == 2  # state, write
+    assert len(result.stdout) < 4 * SHOWN_JSON_MAX
+    assert run_json(path, "show", "big")["checkpoint"]["state"] == {"items": big}

@@ -108,7 +108,8 @@ def test_serve_refuses_an_empty_metrics_host_which_would_listen_everywhere(tmp_p
 @pytest.mark.parametrize(
     ("host", "says"),
     [("no such host!", "is not a host name or IPv4 address this machine can resolve"),
-     ("192.0.2.1", "is not an address of this machine"), ("", "must name an address")],
+     ("192.0.2.1", "is not an address of this machine"), ("", "must name an address"),
+     ("224.0.0.1", "is a multicast address"), ("255.255.255.255", "is the broadcast address")],
 )  # fmt: skip
 def test_serve_refuses_a_bad_metrics_host_naming_the_option_before_the_store_is_opened(tmp_path, monkeypatch, host, says):
     """Found by an operator: ``--metrics-host 'no such host!'`` said the metrics port was not available and to
@@ -128,6 +129,22 @@ def test_serve_refuses_a_bad_metrics_host_naming_the_option_before_the_store_is_
     assert len(lines) == 1 and f"--metrics-host {host!r}" in lines[0] and says in lines[0], result.output
     assert "choose another --metrics-port" not in lines[0] and "Traceback" not in result.output
     assert not (tmp_path / "new.db").exists()  # refused before the store was created
+
+
+def test_serve_refuses_a_metrics_host_without_a_metrics_port(tmp_path, monkeypatch):
+    """Found by hostile testing: ``--metrics-host 8.8.8.8`` alone was ignored without a word."""
+    (tmp_path / "onegraph.py").write_text(
+        "from threadloom import Graph, Step\n"
+        "graph = Graph('g', {'n': lambda state, ctx: Step.end(state)}, entry='n')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        cli, ["--store", f"sqlite:///{tmp_path / 'new.db'}", "serve", "--graph", "onegraph:graph", "--metrics-host",
+              "0.0.0.0"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--metrics-host needs --metrics-port" in result.output
+    assert not (tmp_path / "new.db").exists()
 
 
 @pytest.mark.parametrize("host", ["", " ", 7, None])

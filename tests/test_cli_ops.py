@@ -822,6 +822,20 @@ def test_queue_enqueue_refuses_a_memory_store_whose_queue_is_gone_when_it_exits(
     assert list(tmp_path.iterdir()) == []  # no store opened or created, not even the default file
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("--graph", "threadloom.access-walk"), ("--graph", "g", "--tenant", ""), ("--graph", "g", "--input", "1e999")],
+    ids=["reserved-graph", "empty-tenant", "input-not-json"],
+)
+def test_a_refused_queue_enqueue_creates_no_store(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """Refused (exit 2, nothing written) holds for a store that does not exist yet: the input is checked before
+    the store is created (found by hostile testing: the new file was left with the whole schema)."""
+    path = tmp_path / "new.db"
+    refused = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "queue", "enqueue", "t1", *args])
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- refusals: one error line, no log line ---------------------------------------------------------------------------
 
 

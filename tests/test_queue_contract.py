@@ -584,6 +584,20 @@ def _failed(queue, thread_id, *, graph_id="g", input=None, tenant_id=None):
     return queue.finish(entry.entry_id, lease.attempt, status=EntryStatus.FAILED, error="boom")
 
 
+def test_retry_refuses_an_entry_of_the_walks_reserved_graph_id(env, monkeypatch):
+    """An entry enqueued before ``enqueue`` refused the walks' graph id is not enqueued again by a retry (found by
+    hostile testing)."""
+    _store, queue, _clock = env
+    monkeypatch.setattr("threadloom.persistence.queue.WALK_GRAPH_ID", "not-reserved")  # as before the refusal
+    failed = _failed(queue, "t1", graph_id=WALK_GRAPH_ID)
+    monkeypatch.undo()
+    before = queue.entries(limit=10)
+    with pytest.raises(ValidationError) as caught:
+        queue.retry(failed.entry_id)
+    assert caught.value.field == "graph_id"
+    assert queue.entries(limit=10) == before
+
+
 def test_retry_enqueues_a_failed_entry_once_and_names_the_new_entry_on_it(env):
     _store, queue, _clock = env
     failed = _failed(queue, "t1", graph_id="g2", input={"n": [1, 2]}, tenant_id="acme")

@@ -261,6 +261,26 @@ def test_a_missing_directory_is_a_validation_error_naming_it_and_nothing_is_crea
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["dangling-symlink", "symlink-loop", "name-too-long"])
+def test_a_path_no_retry_can_open_is_a_validation_error(tmp_path: pathlib.Path, kind: str) -> None:
+    """Found by hostile testing: these were ``StoreUnavailable`` (retryable), which no retry heals."""
+    if kind == "dangling-symlink":  # a link to a file in a missing directory
+        target = tmp_path / "link.db"
+        target.symlink_to(tmp_path / "missing" / "store.db")
+        says = f"the directory {str(tmp_path / 'missing')!r}"
+    elif kind == "symlink-loop":
+        target = tmp_path / "loop.db"
+        target.symlink_to(target)
+        says = "cannot name a file"
+    else:
+        target = tmp_path / ("a" * 300 + ".db")
+        says = "cannot name a file"
+    with pytest.raises(ValidationError) as info:
+        SqliteCheckpointer.open(target)
+    assert info.value.field == "path" and not info.value.retryable and says in str(info.value)
+    assert not (tmp_path / "missing").exists()
+
+
 def test_a_file_in_place_of_the_directory_is_a_validation_error(tmp_path: pathlib.Path) -> None:
     (tmp_path / "plain").write_text("a file, not a directory")
     for target in (tmp_path / "plain" / "store.db", tmp_path / "plain" / "sub" / "store.db"):

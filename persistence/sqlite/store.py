@@ -26,6 +26,7 @@ applied; fencing keeps a retry safe).
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import stat
@@ -115,10 +116,15 @@ def check_path(path: Any) -> str:
     try:
         mode = os.stat(absolute).st_mode
     except (FileNotFoundError, NotADirectoryError):  # absent: a store is created there, if its directory is one
-        _check_directory(text, os.path.dirname(absolute))
+        # (a dangling symlink: the directory of the file it names, where SQLite would create it)
+        _check_directory(text, os.path.dirname(os.path.realpath(absolute)))
         return absolute
-    except OSError:  # unreadable (no search permission...): opening it says so
-        return absolute
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENAMETOOLONG):  # no retry heals these
+            raise ValidationError(
+                "path", (f"{text!r} cannot name a file: {error.strerror or error}; give the path of a database file",)
+            ) from None
+        return absolute  # unreadable (no search permission...): opening it says so
     if not stat.S_ISREG(mode):
         raise ValidationError(
             "path", (f"{text!r} is not a regular file (a FIFO, a device, a socket); give the path of a database file",)
