@@ -81,10 +81,11 @@ REGRESSION_SEEDS: tuple[RegressionSeed, ...] = (
     RegressionSeed(seed=115796, found="as seed 109639, after a takeover of the parent"),
     # Planted bugs: each seed is the first that caught its bug (it must keep catching it). Chosen again when effect
     # intents added store calls to every trace, and (commit_unfenced, effect_unfenced, stamp_unlocked) when a node's
-    # task began committing its own step, which changed the order of every trace; sweep_unguarded's again (4 became
-    # 16) when a cascade delete began reading the root's tenant before it claims.
+    # task began committing its own step, which changed the order of every trace; sweep_unguarded's (4 became 16)
+    # and renew_unfenced's (15 became 29) when a cascade delete began reading the root's tenant (and, before its
+    # first checkpoint, its claim) before it claims.
     RegressionSeed(seed=9, plant=("commit_unfenced",), found="a late commit applied with a released token"),
-    RegressionSeed(seed=15, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
+    RegressionSeed(seed=29, plant=("renew_unfenced",), found="a stale renew applied after a takeover"),
     RegressionSeed(
         seed=30, plant=("effect_unfenced",), found="a refused commit left its effect record (an intent) behind"
     ),
