@@ -20,7 +20,7 @@ from threadloom.domain.access import (
     WalkRecord,
     walk_thread_id,
 )
-from threadloom.domain.errors import CheckpointNotFound, StaleClaim, ValidationError
+from threadloom.domain.errors import CheckpointNotFound, StaleClaim, StoreUnavailable, ValidationError
 from threadloom.domain.values import (
     ClaimRequest,
     Commit,
@@ -189,11 +189,18 @@ class AccessContract:
         chat_step(writer, "c0", tenant="a")
         done = threading.Event()
         failures: list[BaseException] = []
+        stamped = [0]
 
         def stamp() -> None:
             try:
                 while not done.is_set():
-                    stores[1].stamp_thread("t")
+                    try:
+                        stores[1].stamp_thread("t")
+                        stamped[0] += 1
+                    except StoreUnavailable:
+                        # the documented answer when commits keep moving the thread through every attempt (seen
+                        # on a loaded machine): nothing was written, and a retry is safe
+                        continue
             except BaseException as error:  # reported by the main thread
                 failures.append(error)
 
@@ -210,6 +217,7 @@ class AccessContract:
             done.set()
             stamper.join(RESULT_TIMEOUT_S)
         assert not failures, failures
+        assert stamped[0] > 0, "the stamper never stamped: nothing raced"
 
     # -- graph_threads, token_high_water, membership -------------------------------------------------------------
 
