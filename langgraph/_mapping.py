@@ -19,7 +19,7 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP, writes_sort_key
 from threadloom.domain import rules
 from threadloom.domain import validation as v
 from threadloom.domain.errors import StoreCorrupt, ValidationError
-from threadloom.domain.values import PendingWrite
+from threadloom.domain.values import PendingWrite, prevalidated_builder
 
 NS_SEPARATOR = "::ns::"
 """Between a LangGraph thread id and a subgraph namespace in the child thread's id."""
@@ -188,6 +188,15 @@ def encode(serde: Any, field: str, value: Any) -> dict[str, str]:
     return {"type": str(kind), "data": base64.b64encode(bytes(data)).decode("ascii")}
 
 
+def encoded_text(encoded: dict[str, str]) -> str | None:
+    """The JSON text of an :func:`encode` result, or None when its type is not printable ASCII (the caller then
+    lets a validating constructor encode it): its data is base64, which JSON writes as it is."""
+    kind = encoded["type"]
+    if not (kind.isascii() and kind.isprintable()):
+        return None
+    return f'{{"type":{_quote(kind)},"data":"{encoded["data"]}"}}'
+
+
 def decode(serde: Any, thread_id: str, value: Any) -> Any:
     """The value :func:`encode` stored.
 
@@ -206,35 +215,44 @@ def write_index(channel: str, position: int) -> int:
     return WRITES_IDX_MAP.get(channel, position)
 
 
+_build_write = prevalidated_builder(PendingWrite)
+
+
 def pending_writes(
     serde: Any, checkpoint_id: str, task_id: str, task_path: str, writes: Sequence[tuple[str, Any]], batch: str
 ) -> list[PendingWrite]:
     """The threadloom pending writes of one ``put_writes`` call (each value encoded, nothing written).
 
+    ``checkpoint_id`` must be an id the caller validated, ``batch`` printable ASCII. Each write's payload is built
+    of the parts validated here (the channel, the path, the serializer's base64 output) and its JSON text composed
+    from them, so the payload is not walked and encoded again (``prevalidated_builder``); a path or an encoded
+    type that is not plain ASCII goes through ``PendingWrite``'s validating constructor instead.
+
     Raises:
         ValidationError: a channel is not a non-empty str, or a value cannot be encoded.
     """
     v.check_id("task_id", task_id)
+    path = task_path if isinstance(task_path, str) else ""
+    fast = path.isascii()
+    path_text = _quote(path)
     out = []
     for position, item in enumerate(writes):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ValidationError(f"writes[{position}]", ("must be a (channel, value) pair",))
         channel, value = item
         v.check_id(f"writes[{position}] channel", channel)
-        out.append(
-            PendingWrite(
-                checkpoint_id=checkpoint_id,
-                task_id=task_id,
-                node_id=channel,
-                payload={
-                    "idx": write_index(channel, position),
-                    "channel": channel,
-                    "path": task_path if isinstance(task_path, str) else "",
-                    "batch": batch,
-                    "value": encode(serde, f"writes[{position}] value", value),
-                },
-            )
+        index = write_index(channel, position)
+        encoded = encode(serde, f"writes[{position}] value", value)
+        payload = {"idx": index, "channel": channel, "path": path, "batch": batch, "value": encoded}
+        value_text = encoded_text(encoded) if fast and type(index) is int else None
+        if value_text is None:
+            out.append(PendingWrite(checkpoint_id=checkpoint_id, task_id=task_id, node_id=channel, payload=payload))
+            continue
+        text = (
+            f'{{"idx":{index},"channel":{_quote(channel)},"path":{path_text},"batch":"{batch}",'
+            f'"value":{value_text}}}'
         )
+        out.append(_build_write(text, checkpoint_id, task_id, channel, payload))
     return out
 
 
@@ -285,9 +303,21 @@ latest then): it names the checkpoint the write is for."""
 
 
 def late(write: PendingWrite, latest: str) -> PendingWrite:
-    """``write`` (for a checkpoint before ``latest``) as a write stored against ``latest``, naming its own."""
+    """``write`` (for a checkpoint before ``latest``) as a write stored against ``latest``, naming its own.
+
+    ``latest`` must be an id the caller validated: the payload is a copy of ``write``'s with its checkpoint id
+    added, and its text ``write``'s sealed text with that member added (``prevalidated_builder``).
+    """
+    payload = write.payload
+    if isinstance(payload, dict) and payload and LATE_KEY not in payload:
+        text = write.sealed_json()  # validated again if a field of write was replaced
+        if text.endswith("}"):
+            copy = v.copy_json(payload)
+            copy[LATE_KEY] = write.checkpoint_id
+            return _build_write(f'{text[:-1]},"{LATE_KEY}":{_quote(write.checkpoint_id)}}}', latest, write.task_id,
+                                write.node_id, copy)
     return PendingWrite(checkpoint_id=latest, task_id=write.task_id, node_id=write.node_id,
-                        payload={**write.payload, LATE_KEY: write.checkpoint_id})
+                        payload={**payload, LATE_KEY: write.checkpoint_id})
 
 
 def own(held: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

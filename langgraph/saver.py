@@ -10,6 +10,7 @@ import builtins
 import contextlib
 import functools
 import itertools
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,7 @@ from threadloom.domain.values import (
     RetentionPolicy,
     StoredCheckpoint,
     ThreadQuery,
+    prevalidated_builder,
 )
 from threadloom.langgraph import _mapping as m
 from threadloom.langgraph._holds import Hold, Holds
@@ -60,6 +62,11 @@ from threadloom.persistence.logs import get_logger
 log = get_logger("threadloom.langgraph")
 _T = TypeVar("_T")
 _PAGE = 100
+_build_checkpoint = prevalidated_builder(Checkpoint)
+_build_event = prevalidated_builder(EventDraft)
+_build_commit = prevalidated_builder(Commit)
+_quote = json.encoder.encode_basestring  # as the store's JSON encoder writes a str
+_STEP_LIMIT = 2**53  # a step number the event's JSON text writes as it is (larger ones take the constructor)
 
 
 def strict_serde() -> JsonPlusSerializer:
@@ -288,12 +295,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         name = m.store_thread(thread_id, ns)
         checkpoint_id = v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
         full_metadata = get_checkpoint_metadata(config, metadata)
-        state = {
-            "format": m.FORMAT,
-            "checkpoint": m.encode(self.serde, "checkpoint", checkpoint),
-            "metadata": m.encode(self.serde, "metadata", full_metadata),
-            "parent": conf.get("checkpoint_id"),
-        }
+        encoded_checkpoint = m.encode(self.serde, "checkpoint", checkpoint)
+        encoded_metadata = m.encode(self.serde, "metadata", full_metadata)
+        parent = conf.get("checkpoint_id")
+        state = {"format": m.FORMAT, "checkpoint": encoded_checkpoint, "metadata": encoded_metadata, "parent": parent}
         run = full_metadata.get("run_id")
         step = full_metadata.get("step")
         created = _producer_time(checkpoint.get("ts"))
@@ -313,32 +318,42 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     filterable[m.LATE_MARK] = "1"
             if hold.holds_late or hold.late_seen:
                 state[m.LATE_STATE] = True
-            stored = Checkpoint(
-                id=checkpoint_id,
-                parent=hold.latest,
-                thread_id=name,
-                run_id=str(run) if isinstance(run, str) and run else hold.holder,
-                status=CheckpointStatus.COMPLETED,
-                created_at=created,
-                state=state,
-                graph_id=m.GRAPH_ID,
-                tenant_id=self.tenant_id,
-                origin=CheckpointOrigin(parent_thread=thread_id) if ns else None,
-                metadata=filterable,
-            )
+            run_id = str(run) if isinstance(run, str) and run else hold.holder
+            text = _state_text(state, encoded_checkpoint, encoded_metadata, parent, hold)
+            if text is None:  # a part the saver did not make itself: the constructor validates and encodes it
+                stored = Checkpoint(
+                    id=checkpoint_id,
+                    parent=hold.latest,
+                    thread_id=name,
+                    run_id=run_id,
+                    status=CheckpointStatus.COMPLETED,
+                    created_at=created,
+                    state=state,
+                    graph_id=m.GRAPH_ID,
+                    tenant_id=self.tenant_id,
+                    origin=CheckpointOrigin(parent_thread=thread_id) if ns else None,
+                    metadata=filterable,
+                )
+            else:
+                # every part validated already (the ids here and by the hold, the serializer's base64 output, the
+                # filterable metadata m.filterable makes of plain JSON, the carried writes' sealed text): built as
+                # it is, with the state's composed text (prevalidated_builder); the run id and the producer's
+                # time come from the metadata and the checkpoint, so they are checked here
+                v.check_id("checkpoint.run_id", run_id)
+                v.check_aware("checkpoint.created_at", created)
+                v.check_optional_id("checkpoint.tenant_id", self.tenant_id)  # a public attribute: may be replaced
+                stored = _build_checkpoint(
+                    text, checkpoint_id, hold.latest, name, run_id, CheckpointStatus.COMPLETED, created, state,
+                    m.GRAPH_ID, self.tenant_id, None, CheckpointOrigin(parent_thread=thread_id) if ns else None,
+                    filterable,
+                )
             early = hold.early.pop(checkpoint_id, [])
-            event = EventDraft(
-                run_id=stored.run_id,
-                type="langgraph.checkpoint",
-                timestamp=datetime.now(UTC),
-                payload={"checkpoint_ns": ns, "step": step if isinstance(step, int) else None,
-                         "source": str(full_metadata.get("source"))},
-                checkpoint_id=checkpoint_id,
-            )
+            event = _event(run_id, datetime.now(UTC), ns, step, full_metadata.get("source"), checkpoint_id)
             fence = (thread_id, root_hold.token) if root_hold is not None else None
             try:
-                self._commit(hold, Commit(token=hold.token, checkpoint=stored, pending_writes=early, events=(event,),
-                                          fence=fence))
+                # token, checkpoint, pending_writes, events, effects, retract_turn, fence, metadata: each the saver's
+                # own (the claim's token and the fence's, the writes it built), validated where they were made
+                self._commit(hold, _build_commit(hold.token, stored, tuple(early), (event,), (), False, fence, None))
             except CheckpointConflict:
                 # the thread is not as the hold knew it (a checkpoint came between this saver's read of an empty
                 # thread and its claim): nothing written; the run's next write claims again and reads the thread
@@ -399,7 +414,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     assert hold.latest is not None  # a superseded checkpoint has a latest after it
                     late = [m.late(write, hold.latest) for write in encoded]
                     fence = (thread_id, root_hold.token) if root_hold is not None else None
-                    self._commit(hold, Commit(token=hold.token, pending_writes=late, fence=fence))
+                    self._commit(hold, _build_commit(hold.token, None, tuple(late), (), (), False, fence, None))
                     hold.writes.extend(late)
                     hold.holds_late = True
                     return
@@ -413,7 +428,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if not kept:
                 return
             fence = (thread_id, root_hold.token) if root_hold is not None else None
-            self._commit(hold, Commit(token=hold.token, pending_writes=kept, fence=fence))
+            self._commit(hold, _build_commit(hold.token, None, tuple(kept), (), (), False, fence, None))
             hold.regular_tasks |= m.regular_tasks(kept)
             hold.writes.extend(kept)
 
@@ -1045,6 +1060,53 @@ def _before(before: Any) -> tuple[str | None, str | None]:
     if ns is not None and not isinstance(ns, str):
         raise ValidationError("before", (f"checkpoint_ns must be a str, got {type(ns).__name__}",))
     return checkpoint_id, ns
+
+
+def _state_text(
+    state: dict[str, Any], checkpoint: dict[str, str], metadata: dict[str, str], parent: Any, hold: Hold
+) -> str | None:
+    """The JSON text of the state :meth:`ThreadloomSaver.put` built, composed of the texts of its parts, and the
+    carried writes in the state replaced by private copies; None (the state left as it is) when a part is not
+    one the saver made or validated itself (an encoded type or a parent id that is not plain ASCII text).
+    """
+    checkpoint_text, metadata_text = m.encoded_text(checkpoint), m.encoded_text(metadata)
+    if checkpoint_text is None or metadata_text is None:
+        return None
+    if parent is None:
+        parent_text = "null"
+    elif type(parent) is str and parent.isascii():
+        parent_text = _quote(parent)
+    else:
+        return None
+    parts = [f'{{"format":{_quote(m.FORMAT)},"checkpoint":{checkpoint_text},"metadata":{metadata_text},'
+             f'"parent":{parent_text}']
+    carried = state.get("superseded")
+    if carried is not None:
+        writes = hold.writes
+        # the writes' payloads are sealed values of their own: the state holds copies, never the objects
+        carried["writes"] = [[w.task_id, v.copy_json(w.payload)] for w in writes]
+        parts.append(f',"superseded":{{"id":{_quote(carried["id"])},"writes":[')
+        parts.append(",".join(f"[{_quote(w.task_id)},{w.sealed_json()}]" for w in writes))
+        parts.append("]}")
+    if m.LATE_STATE in state:
+        parts.append(f',"{m.LATE_STATE}":true')
+    parts.append("}")
+    return "".join(parts)
+
+
+def _event(run_id: str, now: datetime, ns: str, step: Any, source: Any, checkpoint_id: str) -> EventDraft:
+    """The ``langgraph.checkpoint`` event of a checkpoint :meth:`ThreadloomSaver.put` stores (``run_id``,
+    ``ns`` and ``checkpoint_id`` validated by the caller): built as it is, with its composed text, when the step
+    and the source are plain; through the validating constructor otherwise."""
+    number = step if isinstance(step, int) else None
+    label = str(source)
+    payload = {"checkpoint_ns": ns, "step": number, "source": label}
+    if (number is None or (type(number) is int and -_STEP_LIMIT < number < _STEP_LIMIT)) and label.isascii():
+        text = (f'{{"checkpoint_ns":{_quote(ns)},"step":{"null" if number is None else number},'
+                f'"source":{_quote(label)}}}')
+        return _build_event(text, run_id, "langgraph.checkpoint", now, payload, checkpoint_id, None, None)
+    return EventDraft(run_id=run_id, type="langgraph.checkpoint", timestamp=now, payload=payload,
+                      checkpoint_id=checkpoint_id)
 
 
 def _producer_time(text: Any) -> datetime:
