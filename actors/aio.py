@@ -107,7 +107,13 @@ class RuntimeLoop:
             raise RuntimeError("blocking on the runtime's event loop from that loop would deadlock it")
 
         async def wrapper() -> T:
-            return await awaitable
+            try:
+                return await awaitable
+            except (asyncio.CancelledError, Exception):
+                raise
+            except BaseException as caught:  # noqa: BLE001 - SystemExit... would stop the loop's own thread
+                failure = RuntimeError(f"{type(caught).__name__} raised on the runtime's event loop: {caught}")
+                raise failure from caught
 
         return self.submit(wrapper()).result()
 

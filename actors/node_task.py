@@ -40,8 +40,21 @@ def checked_step(result: Any, graph: Graph, node: str) -> Step:
     return result
 
 
+def escaped(caught: BaseException, node: str) -> Exception:
+    """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, a stray
+    ``asyncio.CancelledError``, a subclass of ``BaseException``) raised by a node or its effect, as the failure of
+    that node: a ``RuntimeError`` naming it, whose ``__cause__`` is the original. Let through, it killed the node's
+    task thread (or the runtime's event loop) and left the run RUNNING under a claim renewed forever (found by
+    hostile testing)."""
+    failure = RuntimeError(f"node {node!r} raised {type(caught).__name__}: {caught}")
+    failure.__cause__ = caught
+    return failure
+
+
 def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loop: RuntimeLoop | None) -> Outcome:
-    """Calls the plain node ``fn(state, ctx)`` on the calling thread; a coroutine it returns runs on ``loop``."""
+    """Calls the plain node ``fn(state, ctx)`` on the calling thread; a coroutine it returns runs on ``loop``.
+
+    Whatever the node raises ends it failed, a ``BaseException`` too (see :func:`escaped`)."""
     try:
         result = fn(state, ctx)
         if type(result) is not Step and loop is not None and inspect.isawaitable(result):  # returned a coroutine
@@ -50,6 +63,8 @@ def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loo
         return checked_step(result, graph, node), None
     except Exception as caught:
         return None, caught
+    except BaseException as caught:  # noqa: BLE001 - a node's, never the runtime's own: it ends the node failed
+        return None, escaped(caught, node)
 
 
 async def run_async_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str) -> Outcome:
@@ -63,6 +78,8 @@ async def run_async_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, no
         return None, CancelledError("run")
     except Exception as caught:
         return None, caught
+    except BaseException as caught:  # noqa: BLE001 - SystemExit... would stop the runtime's loop: see escaped()
+        return None, escaped(caught, node)
 
 
 def run_chain(first: Job) -> None:

@@ -283,3 +283,53 @@ def test_a_thread_watched_subscription_can_be_read_with_async_for(runtime):
         return [event.type async for event in subscription]
 
     assert asyncio.run(read()) == [EVENT_RUN_STARTED, "tick", EVENT_RUN_COMPLETED]
+
+
+class _NotAnException(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt, _NotAnException, asyncio.CancelledError])
+@pytest.mark.parametrize("where", ["sync-node", "async-node", "sync-effect", "async-effect", "sync-returns-coroutine"])
+def test_a_base_exception_from_a_node_fails_its_run_and_the_runtime_goes_on(runtime, store, where, raised):
+    """Found by hostile testing: a node (or its effect) raising a BaseException that is not an Exception killed its
+    task thread (or the runtime's event loop), left the run RUNNING under a claim renewed forever, and every later
+    async node of the runtime hung."""
+
+    def boom():
+        raise raised()
+
+    async def aboom():
+        raise raised()
+
+    def sync_node(state, ctx):
+        boom()
+
+    async def async_node(state, ctx):
+        await aboom()
+
+    def sync_effect(state, ctx):
+        ctx.effect("e", boom)
+        return Step.end(state)
+
+    async def async_effect(state, ctx):
+        await ctx.effect("e", aboom)
+        return Step.end(state)
+
+    def returns_coroutine(state, ctx):
+        return async_node(state, ctx)
+
+    nodes = {"sync-node": sync_node, "async-node": async_node, "sync-effect": sync_effect,
+             "async-effect": async_effect, "sync-returns-coroutine": returns_coroutine}  # fmt: skip
+    handle = runtime.start("t", Graph("g", {"n": nodes[where]}, entry="n"), {})
+    with pytest.raises((RunFailed, CancelledError)):
+        handle.wait(timedelta(seconds=WAIT))
+    assert store.latest("t").checkpoint.status is CheckpointStatus.FAILED
+    assert store.current_claim("t") is None  # released: another runtime may start the thread again
+
+    async def fine(state, ctx):
+        await asyncio.sleep(0)
+        return Step.end({"ok": True})
+
+    after = runtime.start("t2", Graph("ok", {"n": fine}, entry="n"), {})
+    assert after.wait(timedelta(seconds=WAIT)).state == {"ok": True}  # the runtime's loop still runs
