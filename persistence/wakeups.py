@@ -139,6 +139,8 @@ class LoopWake:
         self.event.set()
 
     def set(self) -> None:
+        if self._loop.is_closed():  # nobody waits any more (setting its event would raise: found by hostile testing)
+            return
         if threading.get_ident() == self._owner:  # on the loop's own thread: no need to wake its selector
             self._fire()
             return

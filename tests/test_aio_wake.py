@@ -347,3 +347,39 @@ def test_an_event_handed_to_a_consumer_cancelled_before_it_resumed_goes_to_the_n
         runtime.close()
     finally:
         harness.cleanup()
+
+
+def test_an_event_loop_closed_under_a_subscription_leaves_the_store_closable(tmp_path):
+    """Found by hostile testing: a loop closed (a web server's, shut down without cancelling its tasks) while an
+    ``async for`` over a subscription waited on it made the next commit's wake and ``store.close()`` raise
+    ``RuntimeError: Event loop is closed``, the close stopping half-way (a PostgreSQL connection left open)."""
+    from threadloom import SqliteCheckpointer
+
+    def node(state, ctx):
+        ctx.emit("tick", {})
+        return Step.end(state)
+
+    graph = Graph("g", {"n": node}, entry="n")
+    store = SqliteCheckpointer.open(str(tmp_path / "closed-loop.db"))
+    runtime = GraphRuntime(store)
+    runtime.start("t", graph, {}).wait()
+    loop = asyncio.new_event_loop()
+    got: list[str] = []
+
+    async def park() -> None:
+        subscription = runtime.subscribe("t")
+
+        async def read() -> None:
+            async for event in subscription:
+                got.append(event.type)
+
+        asyncio.ensure_future(read())
+        await asyncio.sleep(0.2)  # replayed, then parked on the loop's shared watch
+
+    loop.run_until_complete(park())
+    loop.close()
+    assert "tick" in got
+    runtime.start("t", graph, {}).wait()  # its commit wakes a waiter whose loop is gone
+    runtime.close()
+    store.close()
+    assert store.closed
