@@ -88,6 +88,7 @@ class Holds:
         self._lock = threading.Lock()
         self._gates: dict[str, list[Any]] = {}  # thread -> [lock, users]: one claim per thread at a time
         self._holds: dict[str, Hold] = {}
+        self._deleted: dict[str, None] = {}  # threads this saver deleted and no run has begun again (oldest first)
         self._seen: dict[str, str | None] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,6 +109,22 @@ class Holds:
             hold = self._holds.get(thread_id)
         if hold is not None and hold.moved is not None and hold.moved[1] == latest:
             hold.moved = None  # the run read the thread as it now is
+
+    def mark_deleted(self, thread_id: str) -> None:
+        """Records that this saver deleted ``thread_id`` (see :meth:`was_deleted`)."""
+        with self._lock:
+            self._deleted[thread_id] = None
+            if len(self._deleted) > 10_000:
+                self._deleted.pop(next(iter(self._deleted)))
+
+    def was_deleted(self, thread_id: str) -> bool:
+        """Whether this saver deleted ``thread_id`` and no first checkpoint began it again since."""
+        with self._lock:
+            return thread_id in self._deleted
+
+    def forget_deleted(self, thread_id: str) -> None:
+        with self._lock:
+            self._deleted.pop(thread_id, None)
 
     def acquire(self, thread_id: str, *, explicit: bool = False, wait: timedelta | None = None) -> Hold:
         """The saver's hold on ``thread_id``, claiming the thread when the saver holds none.

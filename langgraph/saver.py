@@ -309,6 +309,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             self._check_live(hold)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
+            if hold.latest is None and parent is not None and self._holds.was_deleted(name):
+                # the run continues from a checkpoint of the thread this saver deleted since the run read it (the
+                # saver then knows the thread empty, so no read shows the move). Stored, the run's state would
+                # bring the deleted thread back as a new one (found by hostile testing, durability="exit"):
+                # refused, nothing written, and the claim released
+                self._holds.drop(name, release=True)
+                raise CheckpointConflict(name, parent, None)
             if hold.latest is not None:
                 # the store keeps pending writes for the latest checkpoint only: the one this supersedes keeps
                 # its writes here, found by the metadata key (README "LangGraph", pending writes)
@@ -365,6 +372,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 if after is None or after.checkpoint.id != checkpoint_id:
                     hold.early[checkpoint_id] = early
                     raise
+            if hold.latest is None:
+                self._holds.forget_deleted(name)  # the thread begins again: a new run's first checkpoint
             hold.late_seen = hold.late_seen or hold.holds_late
             hold.stored(checkpoint_id)
             hold.regular_tasks = m.regular_tasks(early)
@@ -785,7 +794,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         """Deletes the LangGraph thread: every namespace's history, writes and events, fenced by claims.
 
         A run of this saver writing the thread afterwards gets ``StaleClaim`` (the thread is not brought back)
-        until it has been quiet for ``idle_release``.
+        until it has been quiet for ``idle_release``; a run that had read the thread but not written it yet (as
+        with ``durability="exit"``) gets ``CheckpointConflict`` at its first checkpoint, which names one the
+        thread no longer has (a new run, whose first checkpoint names none, writes the thread anew).
 
         Raises:
             ThreadBusy: another run holds the thread or one of its namespaces (nothing more deleted; retry later).
@@ -802,6 +813,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                         self._holds.lose(hold, error)
                     raise
             self._holds.seen(name, None)
+            self._holds.mark_deleted(name)
             if hold is not None:
                 self._holds.lose(hold, StaleClaim(name, hold.token, None))
 

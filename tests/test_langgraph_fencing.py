@@ -19,13 +19,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
 
-from threadloom import StaleClaim, ThreadBusy, ValidationError
+from threadloom import CheckpointConflict, StaleClaim, ThreadBusy, ValidationError
 from threadloom.domain.clock import ManualClock
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.memory.store import InMemoryCheckpointer
@@ -261,6 +262,31 @@ def test_own_delete_is_not_undone_by_the_run() -> None:
         with pytest.raises(StaleClaim):
             _put(a, "d1", first, step=1)
         assert store.latest("d1") is None
+    finally:
+        a.close()
+
+
+def test_own_delete_is_not_undone_by_a_run_that_read_before_it_and_had_not_written() -> None:
+    """Found by hostile testing: a run with ``durability="exit"`` reads the thread, writes nothing until it ends,
+    and the same saver deletes the thread meanwhile; the run's first checkpoint (naming the deleted one as its
+    parent) brought the thread back with the deleted state. A read by the saver in between changes nothing; a new
+    run, whose first checkpoint names no parent, begins the thread again."""
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
+    try:
+        first = _put(a, "d2")
+        deadline = time.monotonic() + 10
+        while store.current_claim("d2") is not None:  # the run is idle: its claim is released
+            assert time.monotonic() < deadline, "the idle hold was never released"
+            time.sleep(0.01)
+        a.delete_thread("d2")  # the run read `first` before this and has not written since
+        assert a.get_tuple(generate_config("d2")) is None  # e.g. a UI reading the state meanwhile
+        with pytest.raises(CheckpointConflict):
+            _put(a, "d2", first, step=1)
+        assert store.latest("d2") is None and store.current_claim("d2") is None
+        again = _put(a, "d2")  # a new run
+        assert store.latest("d2").checkpoint.id == again["configurable"]["checkpoint_id"]
+        _put(a, "d2", again, step=1)
     finally:
         a.close()
 
