@@ -376,7 +376,28 @@ class NodeContext:
         self._token = token  # the run's claim on this thread: it fences a child's admission
         self._events: list[EventDraft] = []
         self._effects: dict[str, EffectRecord] = {}
+        self._awaitables: list[tuple[str, Any]] = []  # (key, coroutine) of each async ctx.effect, to check awaited
         self.is_async = False  # the node is ``async def``: ctx.effect may take an async function (README "asyncio")
+
+    def check_effects_awaited(self) -> None:
+        """Refuses the step of an async node that called ``ctx.effect`` with an async function and never awaited
+        what it returned: the effect never ran and nothing was recorded (found by hostile testing: the run
+        completed, with only Python's "never awaited" warning).
+
+        Raises:
+            ValidationError: naming the node and the effect's key; the node fails, nothing of its step committed.
+        """
+        pending = [key for key, awaitable in self._awaitables if inspect.getcoroutinestate(awaitable) == "CORO_CREATED"]
+        for _key, awaitable in self._awaitables:
+            if inspect.getcoroutinestate(awaitable) == "CORO_CREATED":
+                awaitable.close()  # never started: no "never awaited" warning on top of this error
+        self._awaitables.clear()
+        if pending:
+            raise ValidationError(
+                "effect",
+                (f"node {self.node!r} called ctx.effect({pending[0]!r}, ...) with an async function and did not "
+                 "await it: the effect never ran; write 'await ctx.effect(...)'",),
+            )  # fmt: skip
 
     @property
     def task_id(self) -> str:
@@ -474,7 +495,9 @@ class NodeContext:
         if is_async_callable(fn) or is_async_callable(on_uncertain):
             if not self.is_async:
                 raise refuse_async_effect(self.node, key)
-            return self._effect_async(key, scope, on_uncertain, keys, call)
+            awaitable = self._effect_async(key, scope, on_uncertain, keys, call)
+            self._awaitables.append((key, awaitable))
+            return awaitable
         if keys.record in self._effects:
             return v.copy_json(self._effects[keys.record].result)
         recorded = self._read_effect(keys.record)

@@ -60,6 +60,9 @@ def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loo
         if type(result) is not Step and loop is not None and inspect.isawaitable(result):  # returned a coroutine
             ctx.is_async = True
             result = loop.run(result)
+            step = checked_step(result, graph, node)
+            ctx.check_effects_awaited()
+            return step, None
         return checked_step(result, graph, node), None
     except Exception as caught:
         return None, caught
@@ -73,7 +76,9 @@ async def run_async_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, no
     A cancellation of the loop's task (the runtime closed with the node in flight) ends it ``CancelledError``.
     """
     try:
-        return checked_step(await fn(state, ctx), graph, node), None
+        step = checked_step(await fn(state, ctx), graph, node)
+        ctx.check_effects_awaited()
+        return step, None
     except asyncio.CancelledError:
         return None, CancelledError("run")
     except Exception as caught:

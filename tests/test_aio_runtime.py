@@ -333,3 +333,28 @@ def test_a_base_exception_from_a_node_fails_its_run_and_the_runtime_goes_on(runt
 
     after = runtime.start("t2", Graph("ok", {"n": fine}, entry="n"), {})
     assert after.wait(timedelta(seconds=WAIT)).state == {"ok": True}  # the runtime's loop still runs
+
+
+@pytest.mark.parametrize("where", ["async-node", "sync-returns-coroutine"])
+def test_an_async_effect_the_node_forgot_to_await_fails_the_node_naming_it(runtime, store, where):
+    """Found by hostile testing: ``ctx.effect("x", afetch)`` without ``await`` completed the run; the effect never
+    ran and nothing was recorded, with only Python's "never awaited" warning."""
+    calls: list[str] = []
+
+    async def afetch():
+        calls.append("fetched")
+        return 1
+
+    async def forgets(state, ctx):
+        ctx.effect("fetch", afetch)  # no await
+        return Step.end(state)
+
+    def returns_coroutine(state, ctx):
+        return forgets(state, ctx)
+
+    node = forgets if where == "async-node" else returns_coroutine
+    handle = runtime.start("t", Graph("g", {"n": node}, entry="n"), {})
+    with pytest.raises(RunFailed) as caught:
+        handle.wait(timedelta(seconds=WAIT))
+    assert "'fetch'" in str(caught.value) and "await" in str(caught.value)
+    assert calls == [] and store.latest("t").checkpoint.status is CheckpointStatus.FAILED
