@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,12 +41,18 @@ def checked_step(result: Any, graph: Graph, node: str) -> Step:
     return result
 
 
+def _on_main_thread() -> bool:
+    """True on the program's main thread, the only one a signal's ``KeyboardInterrupt`` or ``SystemExit`` reaches:
+    there such an exception is the program's, not the node's (the runtime runs nodes on its own threads)."""
+    return threading.current_thread() is threading.main_thread()
+
+
 def escaped(caught: BaseException, node: str) -> Exception:
     """A ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, a stray
     ``asyncio.CancelledError``, a subclass of ``BaseException``) raised by a node or its effect, as the failure of
     that node: a ``RuntimeError`` naming it, whose ``__cause__`` is the original. Let through, it killed the node's
     task thread (or the runtime's event loop) and left the run RUNNING under a claim renewed forever (found by
-    hostile testing)."""
+    hostile testing). On the program's main thread it is left to the program (see :func:`_on_main_thread`)."""
     failure = RuntimeError(f"node {node!r} raised {type(caught).__name__}: {caught}")
     failure.__cause__ = caught
     return failure
@@ -67,6 +74,8 @@ def run_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, node: str, loo
     except Exception as caught:
         return None, caught
     except BaseException as caught:  # noqa: BLE001 - a node's, never the runtime's own: it ends the node failed
+        if _on_main_thread():
+            raise  # Ctrl-C, or a signal handler's SystemExit, meant for the program (a simulation runs nodes here)
         return None, escaped(caught, node)
 
 
@@ -84,6 +93,8 @@ async def run_async_node(fn: Any, state: Any, ctx: NodeContext, graph: Graph, no
     except Exception as caught:
         return None, caught
     except BaseException as caught:  # noqa: BLE001 - SystemExit... would stop the runtime's loop: see escaped()
+        if _on_main_thread():
+            raise  # as in run_node
         return None, escaped(caught, node)
 
 
