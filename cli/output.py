@@ -128,6 +128,25 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+class TenantType(click.ParamType):
+    """A click parameter type for a tenant id: a non-empty string of at most 255 characters without NUL (the
+    stores' id rule), refused at parse time with the option's name (exit 2) before any store is opened."""
+
+    name = "tenant"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from threadloom.domain import validation as v  # here: ``--help`` does not import the domain
+        from threadloom.domain.errors import ValidationError
+
+        try:
+            return v.check_id("tenant", value)
+        except ValidationError as error:
+            self.fail("; ".join(error.problems), param, ctx)
+
+
+TENANT = TenantType()
+
+
 # -- secrets and terminal safety ---------------------------------------------------------------------------------------
 
 

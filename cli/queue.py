@@ -19,6 +19,7 @@ from rich.text import Text
 
 from threadloom.cli.output import (
     EXIT_USAGE,
+    TENANT,
     CliError,
     CliState,
     FiniteFloatRange,
@@ -184,7 +185,7 @@ def queue() -> None:
 @click.option("--state", "wanted", type=click.Choice(STATES, case_sensitive=False), default=None,
               help="Only entries in this state, as the table shows it (leased: open with a lease, live or "
                    "expired; done: the same as completed).")
-@click.option("--tenant", default=None, metavar="TENANT", help="Only this tenant's entries.")
+@click.option("--tenant", default=None, type=TENANT, metavar="TENANT", help="Only this tenant's entries.")
 @click.option("--limit", type=click.IntRange(1, rules.MAX_PAGE), default=50, show_default=True,
               help="Entries per page.")
 @click.option("--after", type=click.IntRange(min=0), default=0, metavar="ENTRY",
@@ -299,7 +300,7 @@ def retry(ctx: click.Context, entry_id: int) -> None:
               help="The graph kind a worker runs for it (the id 'serve' knows it by).")
 @click.option("--input", "input_text", default="null", show_default=True, metavar="JSON",
               help="The run's input, a JSON value.")
-@click.option("--tenant", default=None, metavar="TENANT", help="The tenant the run is for.")
+@click.option("--tenant", default=None, type=TENANT, metavar="TENANT", help="The tenant the run is for.")
 @click.option("--delay", type=FiniteFloatRange(0, MAX_DURATION.total_seconds()), default=0.0, show_default=True,
               metavar="SECONDS",
               help=f"Not leased before this many seconds from now (by the store's clock; at most {MAX_DELAY_DAYS} "

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from threadloom.cli.output import (
+    TENANT,
     CliError,
     CliState,
     cell,
@@ -69,6 +70,7 @@ _log = structlog.get_logger("threadloom.cli")
 @click.option(
     "--tenant",
     default=None,
+    type=TENANT,
     metavar="TENANT",
     help="The tenant whose threads to list (absent: the threads with no tenant; 'threadloom tenants' lists them).",
 )

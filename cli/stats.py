@@ -18,7 +18,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from threadloom.cli.output import CliError, printable, scrub, state_of
+from threadloom.cli.output import TENANT, CliError, printable, scrub, state_of
 from threadloom.domain import validation as v
 from threadloom.domain.errors import ProcessingError, ReplayUnavailable, ThreadloomError
 from threadloom.domain.values import ThreadQuery
@@ -116,7 +116,8 @@ def _bound(ms: float | None) -> Text:
 
 
 @click.command()
-@click.option("--tenant", default=None, metavar="TENANT", help="The tenant whose threads to read (absent: no tenant).")
+@click.option("--tenant", default=None, type=TENANT, metavar="TENANT",
+              help="The tenant whose threads to read (absent: no tenant).")
 @click.option("--thread", "threads", multiple=True, metavar="THREAD", help="Read this thread (repeatable).")
 @click.option(
     "--sample",

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import click
 from rich.text import Text
 
-from threadloom.cli.output import DURATION, CliError, CliState, cell, state_of
+from threadloom.cli.output import DURATION, TENANT, CliError, CliState, cell, state_of
 from threadloom.domain.errors import RunFailed, TenantMismatch, ThreadBusy, ValidationError
 from threadloom.domain.values import CheckpointStatus, RunClaim
 from threadloom.persistence.base import Checkpointer
@@ -94,7 +94,8 @@ def _wait_for_expiry(state: CliState, store: Checkpointer, thread: str, deadline
 @click.argument("thread")
 @click.option("--graph", "graph_spec", required=True, metavar="MODULE:ATTR",
               help="The thread's Graph (or a function returning it), importable from the working directory.")
-@click.option("--tenant", default=None, metavar="TENANT", help="Act for this tenant [default: the thread's own].")
+@click.option("--tenant", default=None, type=TENANT, metavar="TENANT",
+              help="Act for this tenant [default: the thread's own].")
 @click.option("--wait", "wait", is_flag=True, help="Wait (with a countdown) for a dead run's claim to expire first.")
 @click.option("--timeout", type=DURATION, default=timedelta(minutes=5), show_default="5m",
               help="With --wait: give up after this long (a claim renewed meanwhile is a live run).")
@@ -146,7 +147,8 @@ def recover(
 
 @click.command()
 @click.argument("thread")
-@click.option("--tenant", default=None, metavar="TENANT", help="Act for this tenant [default: the thread's own].")
+@click.option("--tenant", default=None, type=TENANT, metavar="TENANT",
+              help="Act for this tenant [default: the thread's own].")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def delete(ctx: click.Context, thread: str, tenant: str | None, yes: bool) -> None:

@@ -868,3 +868,23 @@ def test_refusals_print_only_their_error_line_on_stderr(backend: Backend, store:
     asked = run(backend, "--log-level", "info", "delete", "live", "--yes")  # logs asked for
     assert asked.exit_code == EXIT_FAILED and "claim.busy" in asked.stderr
     store.release("live", claim.token)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("threads",), ("stats",), ("queue", "list"), ("queue", "enqueue", "t1", "--graph", "g"), ("recover", "t1",
+     "--graph", "m:g"), ("delete", "t1", "--yes")],
+    ids=["threads", "stats", "queue-list", "queue-enqueue", "recover", "delete"],
+)
+@pytest.mark.parametrize("tenant", ["", "x" * 256], ids=["empty", "too-long"])
+def test_every_tenant_option_refuses_a_bad_tenant_id_by_name_before_a_store_opens(
+    tmp_path: Path, command: tuple[str, ...], tenant: str
+) -> None:
+    """A bad ``--tenant`` is a usage error naming ``--tenant`` (exit 2), on every command, and no store is opened
+    or created (it used to name an internal field, ``query.tenant_id``, or pass as the tenant ``''``)."""
+    path = tmp_path / "new.db"
+    refused = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", *command, "--tenant", tenant])
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    assert "Invalid value for '--tenant'" in refused.output, refused.output
+    assert "query.tenant_id" not in refused.output
+    assert list(tmp_path.iterdir()) == []
