@@ -5,10 +5,16 @@ A *hold* is one claim of one threadloom thread by one saver: taken at the first 
 the run has written nothing for ``idle_release`` (or when the ``hold`` block ends). A hold whose claim was lost
 (taken over after a pause, or the thread deleted) refuses every later write of the run with ``StaleClaim`` until
 the run has been quiet for ``idle_release``: it never claims the thread again behind the run's back.
+
+A ``hold`` block is a :class:`Block`: one at a time per thread within a saver (a second waits for the first to end,
+or is ``ThreadBusy``), and while it holds the thread only writes made in its context (the code inside the block,
+and the threads and tasks that inherit its ``contextvars``, as LangGraph's do) may write it: a concurrent run of the
+same saver outside the block is ``ThreadBusy`` instead of sharing the block's claim.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import uuid
@@ -19,7 +25,7 @@ import attrs
 
 from threadloom.domain.errors import ProcessingError, StaleClaim, StoreClosed, TenantMismatch, ThreadBusy
 from threadloom.domain.validation import wait_seconds
-from threadloom.domain.values import ClaimRequest, PendingWrite
+from threadloom.domain.values import BusyHolder, ClaimRequest, PendingWrite
 from threadloom.langgraph import _mapping
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import get_logger
@@ -29,6 +35,19 @@ log = get_logger("threadloom.langgraph")
 LATE_WINDOW = 64
 """How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
 it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Limits)."""
+
+
+@attrs.define(eq=False)
+class Block:
+    """One ``hold`` block of a saver on one thread: its context carries it (:data:`BLOCKS`) and only that context
+    may write the thread while the block holds it."""
+
+    owner: Holds
+    thread_id: str
+
+
+BLOCKS: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar("threadloom_langgraph_blocks", default=())
+"""The ``hold`` blocks the current context runs inside (innermost last)."""
 
 
 @attrs.define(eq=False)
@@ -52,11 +71,22 @@ class Hold:
     late_seen: bool = False
     moved: tuple[str | None, str | None] | None = None
     lost: StaleClaim | None = None
+    block: Block | None = None  # the hold block holding the thread: only writes in its context may use the hold
     last_used: float = attrs.field(factory=time.monotonic)
     renewed_at: float = attrs.field(factory=time.monotonic)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
+
+    def check_block(self) -> None:
+        """Refuses a write from outside the hold block that holds the thread (another run of the same saver).
+
+        Raises:
+            ThreadBusy: a ``hold`` block holds the thread and the caller's context is not inside it.
+        """
+        block = self.block
+        if block is not None and block not in BLOCKS.get():
+            raise ThreadBusy(self.thread_id, self.latest, BusyHolder.Run(self.holder))
 
     def superseded(self, checkpoint_id: str) -> bool:
         """Whether ``checkpoint_id`` is one of the ``LATE_WINDOW`` checkpoints before the latest, stored under
@@ -87,6 +117,7 @@ class Holds:
         self._tenant = tenant_id
         self._lock = threading.Lock()
         self._gates: dict[str, list[Any]] = {}  # thread -> [lock, users]: one claim per thread at a time
+        self._blocks: dict[str, list[Any]] = {}  # thread -> [lock, users]: one hold block per thread at a time
         self._holds: dict[str, Hold] = {}
         self._deleted: dict[str, None] = {}  # threads this saver deleted and no run has begun again (oldest first)
         self._seen: dict[str, str | None] = {}
@@ -165,6 +196,62 @@ class Holds:
                 gate[1] -= 1
                 if gate[1] == 0:
                     self._gates.pop(thread_id, None)
+
+    def inside(self, thread_id: str) -> bool:
+        """Whether the current context runs inside a hold block of this saver on ``thread_id``."""
+        return any(block.owner is self and block.thread_id == thread_id for block in BLOCKS.get())
+
+    def begin(self, thread_id: str, wait: timedelta | None) -> Block:
+        """Begins a hold block on ``thread_id``: waits up to ``wait`` for this saver's other block on the thread to
+        end, then holds the thread's claim (explicitly) for the block. The caller sets :data:`BLOCKS` for the block
+        and calls :meth:`end` once it ends.
+
+        Raises:
+            ThreadBusy: another block of this saver, or another run's claim, holds the thread past ``wait``.
+            StoreClosed, TenantMismatch, ValidationError: as :meth:`acquire`.
+        """
+        seconds = wait_seconds("wait", wait)
+        deadline = time.monotonic() + (seconds or 0.0)
+        with self._lock:
+            gate = self._blocks.setdefault(thread_id, [threading.Lock(), 0])
+            gate[1] += 1
+        try:
+            if not (gate[0].acquire(timeout=seconds) if seconds else gate[0].acquire(blocking=False)):
+                hold = self.get(thread_id)
+                raise ThreadBusy(
+                    thread_id,
+                    hold.latest if hold is not None else None,
+                    BusyHolder.Run(hold.holder if hold is not None else "another hold block of this saver"),
+                )
+            try:
+                remaining = timedelta(seconds=max(0.0, deadline - time.monotonic())) if seconds else None
+                hold = self.acquire(thread_id, explicit=True, wait=remaining)
+            except BaseException:
+                gate[0].release()
+                raise
+        except BaseException:
+            self._leave_gate(thread_id, gate)
+            raise
+        block = Block(owner=self, thread_id=thread_id)
+        hold.block = block
+        return block
+
+    def end(self, block: Block) -> None:
+        """Ends ``block``: releases the thread's claim and lets the saver's next block on the thread begin."""
+        try:
+            self.drop(block.thread_id, release=True)
+        finally:
+            with self._lock:
+                gate = self._blocks.get(block.thread_id)
+            if gate is not None:
+                gate[0].release()
+                self._leave_gate(block.thread_id, gate)
+
+    def _leave_gate(self, thread_id: str, gate: list[Any]) -> None:
+        with self._lock:
+            gate[1] -= 1
+            if gate[1] == 0 and self._blocks.get(thread_id) is gate:
+                del self._blocks[thread_id]
 
     def _claim(self, thread_id: str, explicit: bool, wait: timedelta | None) -> Hold:
         with self._lock:

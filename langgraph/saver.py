@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import contextvars
 import functools
 import itertools
 import json
@@ -54,7 +55,7 @@ from threadloom.domain.values import (
     prevalidated_builder,
 )
 from threadloom.langgraph import _mapping as m
-from threadloom.langgraph._holds import Hold, Holds
+from threadloom.langgraph._holds import BLOCKS, Hold, Holds
 from threadloom.persistence.aio import AsyncStore, open_async_store
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import get_logger
@@ -239,38 +240,56 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         Use it around a run (``with saver.hold(tid): graph.invoke(..., config)``) to claim before the run reads the
         thread, to wait for another host's run to end (``wait``), and to release as soon as the run ends.
 
+        Blocks of one saver on one thread take turns: a second block waits up to ``wait`` for the first to end. While
+        a block holds the thread, only writes made in its context may write it: the code inside the block and the
+        threads and tasks that inherit its ``contextvars`` (LangGraph's own do; a thread you start yourself does
+        not, unless it runs ``contextvars.copy_context().run``). Any other write of the thread through this saver
+        (another request's run without a block, or with a block still waiting) gets ``ThreadBusy`` and writes
+        nothing. A block inside a block of the same saver and thread shares the outer one.
+
         A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
         blocks the thread's next claim.
 
         Args:
             thread_id: the LangGraph thread.
-            wait: how long to wait for another run's claim to end, a ``timedelta`` of zero or more (default None:
-                no wait).
+            wait: how long to wait for another run's claim (another host's, or another block of this saver) to end,
+                a ``timedelta`` of zero or more (default None: no wait).
 
         Raises:
-            ThreadBusy: another run holds the thread and did not end within ``wait`` (default: no wait); nothing
-                changed, retrying later is safe.
+            ThreadBusy: another run holds the thread (another host's, or another block of this saver) and did not
+                end within ``wait`` (default: no wait); nothing changed, retrying later is safe.
             StoreClosed: the saver was closed.
             ValidationError: ``wait`` is not a ``timedelta`` (a number of seconds included) nor None, or is
                 negative; nothing changed.
         """
         name = m.store_thread(thread_id, "")
-        self._holds.acquire(name, explicit=True, wait=wait)
+        if self._holds.inside(name):  # a block inside this saver's block on the thread: the outer one holds it
+            v.wait_seconds("wait", wait)
+            yield
+            return
+        block = self._holds.begin(name, wait)
+        token = BLOCKS.set((*BLOCKS.get(), block))
         try:
             yield
         finally:
-            self._holds.drop(name, release=True)
+            BLOCKS.reset(token)
+            self._holds.end(block)
 
     @contextlib.asynccontextmanager
     async def ahold(self, thread_id: str, *, wait: timedelta | None = None) -> AsyncIterator[None]:
         """The async form of :meth:`hold` (``wait`` and errors as there)."""
         v.wait_seconds("wait", wait)  # refused on the caller's loop, before any claim
         name = m.store_thread(thread_id, "")
-        await self._run(functools.partial(self._holds.acquire, name, explicit=True, wait=wait))
+        if self._holds.inside(name):  # a block inside this saver's block on the thread: the outer one holds it
+            yield
+            return
+        block = await self._run(functools.partial(self._holds.begin, name, wait))
+        token = BLOCKS.set((*BLOCKS.get(), block))
         try:
             yield
         finally:
-            await self._run(functools.partial(self._holds.drop, name, release=True))
+            BLOCKS.reset(token)
+            await self._run(functools.partial(self._holds.end, block))
 
     # -- writes --------------------------------------------------------------------------------------------------
 
@@ -285,7 +304,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Raises:
             ValidationError: a value the serializer cannot encode as data (nothing written).
-            ThreadBusy: another run holds the thread; StaleClaim: this run's claim was lost (nothing written).
+            ThreadBusy: another run holds the thread (another host's, or a ``hold`` block of this saver this write is
+                not made in); StaleClaim: this run's claim was lost (nothing written).
             CheckpointConflict: another run wrote the thread between this run's read and its first write.
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
@@ -302,7 +322,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         run = full_metadata.get("run_id")
         step = full_metadata.get("step")
         created = _producer_time(checkpoint.get("ts"))
-        root_hold = self._holds.acquire(thread_id) if ns else None
+        root_hold = self._acquire(thread_id, name, ns)
         hold = self._holds.acquire(name)
         filterable = m.filterable(full_metadata)
         with hold.lock:
@@ -407,7 +427,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
         if not encoded:
             return
-        root_hold = self._holds.acquire(thread_id) if ns else None
+        root_hold = self._acquire(thread_id, name, ns)
         hold = self._holds.acquire(name)
         with hold.lock:
             self._check_live(hold)
@@ -445,6 +465,20 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     def _keep(encoded: list[PendingWrite], tasks_with_writes: Any) -> list[PendingWrite]:
         """The writes of one call worth storing: its regular writes only when the task stored none before."""
         return [w for w in encoded if w.payload["idx"] < 0 or w.task_id not in tasks_with_writes]
+
+    def _acquire(self, thread_id: str, name: str, ns: str) -> Hold | None:
+        """Before a write of namespace ``ns`` (store thread ``name``): the root thread's hold for a subgraph
+        namespace (its claim fences the namespace's commits), None for the root namespace; refuses a write from
+        outside the hold block that holds the root thread (README "LangGraph", Fencing).
+
+        Raises:
+            ThreadBusy: a ``hold`` block of this saver holds the thread and the write is not made inside it;
+                nothing written.
+        """
+        root = self._holds.acquire(thread_id) if ns else self._holds.get(name)
+        if root is not None:
+            root.check_block()
+        return root if ns else None
 
     def _check_live(self, hold: Hold) -> None:
         if hold.lost is not None:
@@ -937,7 +971,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         return self._aio
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        return await self._aio.call(call)
+        # in the caller's context: a write knows the hold block it is made in (README "LangGraph", Fencing)
+        return await self._aio.call(contextvars.copy_context().run, call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(functools.partial(self.get_tuple, config))
