@@ -121,6 +121,8 @@ class Holds:
         self._holds: dict[str, Hold] = {}
         self._deleted: dict[str, None] = {}  # threads this saver deleted and no run has begun again (oldest first)
         self._seen: dict[str, str | None] = {}
+        # thread -> checkpoints a read of the thread's latest returned (and no read by id picked since), newest last
+        self._heads: dict[str, dict[str, None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -140,6 +142,31 @@ class Holds:
             hold = self._holds.get(thread_id)
         if hold is not None and hold.moved is not None and hold.moved[1] == latest:
             hold.moved = None  # the run read the thread as it now is
+
+    def read(self, thread_id: str, checkpoint_id: str | None, *, head: bool) -> None:
+        """Records what a read returned: ``checkpoint_id`` as the thread's latest (``head``: a run continues it), or
+        picked by its id (a run started from it branches from it on purpose, as LangGraph's time travel does)."""
+        if checkpoint_id is None:
+            return
+        with self._lock:
+            heads = self._heads.get(thread_id)
+            if head:
+                if heads is None:
+                    heads = self._heads[thread_id] = {}
+                    if len(self._heads) > 10_000:
+                        self._heads.pop(next(iter(self._heads)))
+                heads.pop(checkpoint_id, None)
+                heads[checkpoint_id] = None
+                if len(heads) > LATE_WINDOW:
+                    heads.pop(next(iter(heads)))
+            elif heads is not None:
+                heads.pop(checkpoint_id, None)
+
+    def read_as_head(self, thread_id: str, checkpoint_id: str) -> bool:
+        """Whether a read of this saver returned ``checkpoint_id`` as the thread's latest and no read by its id
+        picked it since: a run that puts a checkpoint after it meant to continue the thread's latest."""
+        with self._lock:
+            return checkpoint_id in self._heads.get(thread_id, ())
 
     def mark_deleted(self, thread_id: str) -> None:
         """Records that this saver deleted ``thread_id`` (see :meth:`was_deleted`)."""

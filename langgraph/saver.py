@@ -306,7 +306,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             ValidationError: a value the serializer cannot encode as data (nothing written).
             ThreadBusy: another run holds the thread (another host's, or a ``hold`` block of this saver this write is
                 not made in); StaleClaim: this run's claim was lost (nothing written).
-            CheckpointConflict: another run wrote the thread between this run's read and its first write.
+            CheckpointConflict: another run wrote the thread between this run's read and its first write, or another
+                run of this saver stored a checkpoint after the latest this run read and continues (nothing written).
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
         """
@@ -329,6 +330,16 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             self._check_live(hold)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
+            if (
+                parent is not None
+                and hold.latest is not None
+                and parent != hold.latest
+                and self._holds.read_as_head(name, parent)
+            ):
+                # the run read ``parent`` as the thread's latest, and another run of this saver (sharing its claim)
+                # stored a checkpoint after it since: stored, this one would fork the history. Refused, nothing
+                # written; the hold stays the other run's (README "LangGraph", Fencing)
+                raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is None and parent is not None and self._holds.was_deleted(name):
                 # the run continues from a checkpoint of the thread this saver deleted since the run read it (the
                 # saver then knows the thread empty, so no read shows the move). Stored, the run's state would
@@ -510,6 +521,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         wanted = conf.get("checkpoint_id")
         latest = self.store.latest(name)
         self._holds.seen(name, latest.checkpoint.id if latest is not None else None)
+        self._holds.read(name, wanted or (latest.checkpoint.id if latest is not None else None), head=wanted is None)
         if wanted is None:
             if latest is None:
                 return None

@@ -20,7 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.graph import END, StateGraph
 from langgraph.graph import START as GRAPH_START
 
-from threadloom import ThreadBusy
+from threadloom import CheckpointConflict, ThreadBusy
 from threadloom.langgraph import ThreadloomSaver
 from threadloom.persistence.memory.store import InMemoryCheckpointer
 from threadloom.persistence.sqlite.store import SqliteCheckpointer
@@ -67,19 +67,7 @@ def _ids(saver, thread):
 
 def _in_thread(fn):
     """``fn()`` on a new OS thread (a fresh context: outside any block of the caller); its result or error."""
-    out: list = []
-
-    def run() -> None:
-        try:
-            out.append(("ok", fn()))
-        except BaseException as error:  # handed back to the test
-            out.append(("error", error))
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    worker.join(30)
-    assert out, "the call did not end"
-    return out[0]
+    return _in_thread_async(fn)()
 
 
 class State(TypedDict):
@@ -244,3 +232,85 @@ def test_async_blocks_take_turns_and_a_task_outside_them_is_busy(saver) -> None:
     asyncio.run(main())
     log = graph.get_state(config).values["log"]
     assert sorted(log[0::3]) == ["a", "b"] and len(log) == 6
+
+
+# -- runs without blocks: a run that read the latest and finds another run's checkpoint after it ---------------------
+
+
+def test_a_put_after_a_latest_another_run_of_the_same_saver_continued_is_a_conflict(saver) -> None:
+    base = _put(saver, "t")
+    read_by_b = saver.get_tuple(generate_config("t"))  # run B reads the thread's latest
+    assert read_by_b.config["configurable"]["checkpoint_id"] == base["configurable"]["checkpoint_id"]
+    first = _put(saver, "t", base, step=1)  # run A (same saver, same claim) continues it first
+    with pytest.raises(CheckpointConflict) as caught:
+        _put(saver, "t", read_by_b.config, step=1)  # B's checkpoint would fork: refused
+    assert caught.value.expected == base["configurable"]["checkpoint_id"]
+    assert caught.value.actual == first["configurable"]["checkpoint_id"]
+    assert _ids(saver, "t") == [first["configurable"]["checkpoint_id"], base["configurable"]["checkpoint_id"]]
+    second = _put(saver, "t", first, step=2)  # A's run goes on: the claim is still its
+    # picking a checkpoint by its id (LangGraph's time travel) branches from it on purpose: stored after the latest
+    picked = saver.get_tuple(base)
+    branched = _put(saver, "t", picked.config, step=1)
+    assert _ids(saver, "t")[:2] == [branched["configurable"]["checkpoint_id"], second["configurable"]["checkpoint_id"]]
+
+
+class _ReadTogether(ThreadloomSaver):
+    """A saver whose reads of a thread's latest wait for each other (two runs both read before either writes)."""
+
+    barrier: threading.Barrier
+
+    def get_tuple(self, config):
+        found = super().get_tuple(config)
+        if not config["configurable"].get("checkpoint_id") and not config["configurable"].get("checkpoint_ns"):
+            try:
+                self.barrier.wait(5)
+            except threading.BrokenBarrierError:
+                pass
+        return found
+
+
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+def test_two_concurrent_graph_runs_of_one_saver_without_blocks_never_fork(store, durability) -> None:
+    saver = _ReadTogether(store, idle_release=timedelta(seconds=60))
+    try:
+        graph = _graph(saver)
+        config = {"configurable": {"thread_id": "both"}}
+        saver.barrier = threading.Barrier(1)
+        graph.invoke({"log": ["zero"]}, config, durability=durability)
+        saver.barrier = threading.Barrier(2)
+        results = [_in_thread_async(lambda label=label: graph.invoke({"log": [label]}, config, durability=durability))
+                   for label in ("a", "b")]
+        outcomes = [result() for result in results]
+        saver.barrier = threading.Barrier(1)  # the reads below read alone
+        kinds = sorted(kind for kind, _ in outcomes)
+        assert kinds == ["error", "ok"], outcomes
+        error = next(value for kind, value in outcomes if kind == "error")
+        assert isinstance(error, CheckpointConflict), error
+        log = graph.get_state(config).values["log"]
+        assert log[:3] == ["zero", "first", "second"] and len(log) == 6 and log[3] in ("a", "b")
+        history = list(graph.get_state_history(config))
+        parents = [s.parent_config["configurable"]["checkpoint_id"] for s in history if s.parent_config]
+        assert parents == [s.config["configurable"]["checkpoint_id"] for s in history][1:]  # one line, no fork
+    finally:
+        saver.close()
+
+
+def _in_thread_async(fn):
+    """Starts ``fn()`` on a new OS thread; returns a function that waits for it and gives its result or error."""
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(("ok", fn()))
+        except BaseException as error:  # handed back to the test
+            out.append(("error", error))
+
+    worker = threading.Thread(target=run)
+    worker.start()
+
+    def result():
+        worker.join(30)
+        assert out, "the call did not end"
+        return out[0]
+
+    return result
