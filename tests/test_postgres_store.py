@@ -926,6 +926,40 @@ def test_the_cli_refuses_a_store_url_with_a_bad_option_value_with_status_2(
     assert SECRET not in result.stdout + result.stderr
 
 
+# Found by hostile testing: ``?connect_timeout=abc`` was accepted and silently ignored (the store's own bound replaced
+# it, and psycopg skips a value it cannot read), and so was any valid value.
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("abc", "must be a whole number of seconds, got 'abc'"), ("1.5", "whole number of seconds, got '1.5'"),
+     ("-3", "whole number of seconds, got '-3'"), ("", "whole number of seconds, got ''"),
+     ("0", "must be greater than zero"), ("601", "must be at most 600 s")],
+    ids=["letters", "fraction", "negative", "empty", "zero", "too-long"],
+)  # fmt: skip
+def test_a_url_connect_timeout_that_is_not_whole_seconds_in_bounds_is_refused_naming_it(
+    harness: PgHarness, value: str, says: str
+) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    schema = new_schema_name()
+    with pytest.raises(ValidationError) as caught:
+        PostgresCheckpointer.open(make_conninfo(harness.dsn, connect_timeout=value), harness.config(schema=schema))
+    assert caught.value.field == "conninfo"
+    assert "its connect_timeout parameter" in str(caught.value) and says in str(caught.value)
+    assert _schemas(harness.dsn, schema) == set(), "nothing was created"
+
+
+def test_a_url_connect_timeout_overrides_the_configs(harness: PgHarness) -> None:
+    from psycopg.conninfo import make_conninfo
+
+    store = PostgresCheckpointer.open(
+        make_conninfo(harness.dsn, connect_timeout="3"), harness.config(connect_timeout=timedelta(seconds=9))
+    )
+    try:
+        assert store.config.connect_timeout == timedelta(seconds=3)
+    finally:
+        store.close()
+
+
 def test_the_target_shows_only_user_host_port_and_database(harness: PgHarness) -> None:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 

@@ -135,6 +135,33 @@ def _unnumbered(event: EncodedEvent) -> str:
     return text[len(_SEQ_ZERO) :]
 
 
+
+def _url_connect_timeout(config: PostgresCheckpointerConfig, parts: dict[str, Any]) -> PostgresCheckpointerConfig:
+    """``config`` with the connection string's ``connect_timeout`` (whole seconds), when it has one.
+
+    The store's own bound replaces libpq's on every connection it opens, so a value libpq would take silently (its
+    own reading ignores what follows the digits, and waits forever for 0) is refused here instead of ignored.
+
+    Raises:
+        ValidationError: (field ``conninfo``) not a whole number of seconds, or outside ``config.connect_timeout``'s
+            bounds.
+    """
+    raw = parts.get("connect_timeout")
+    if raw is None:
+        return config
+    value = str(raw).strip()
+    if not value.isascii() or not value.isdigit():
+        raise ValidationError(
+            "conninfo", (f"its connect_timeout parameter must be a whole number of seconds, got {value!r}",)
+        )
+    try:
+        return attrs.evolve(config, connect_timeout=timedelta(seconds=int(value)))
+    except ValidationError as error:
+        raise ValidationError(
+            "conninfo", tuple(f"its connect_timeout parameter {problem}" for problem in error.problems)
+        ) from None
+
+
 def _check_config(config: Any) -> PostgresCheckpointerConfig:
     if config is None:
         return PostgresCheckpointerConfig()
@@ -211,9 +238,11 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
             conninfo: a libpq connection string (``host=… dbname=…``) or ``postgresql://`` URL (percent-encode
                 ``/`` and ``@`` in its user name or password). A URL may name the schema in its query,
                 ``postgresql://…/db?schema=name``: it overrides ``config.schema``, is checked like it, and is
-                taken out before libpq sees the URL. The password never appears in an error, a log line or the
-                store's ``repr`` (which show only ``user@host:port/dbname``), and a string libpq cannot parse is
-                refused before any connection is tried, without showing any of it.
+                taken out before libpq sees the URL. A ``connect_timeout`` option (whole seconds, in a URL or a
+                connection string) overrides ``config.connect_timeout`` and is checked like it. The password never
+                appears in an error, a log line or the store's ``repr`` (which show only ``user@host:port/dbname``),
+                and a string libpq cannot parse is refused before any connection is tried, without showing any of
+                it.
             config: schema, pool sizes and timeouts; ``PostgresCheckpointerConfig()`` by default.
             access: the access schemas this store stamps every commit's rows with and checks tenant-scoped reads
                 against (README "Access schemas"); default: none declared (every graph kind tenant-only).
@@ -224,7 +253,8 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
         Raises:
             ValidationError: ``conninfo`` is not a str or not a connection string libpq can parse, its
                 ``schema`` parameter is not a valid schema name (field ``conninfo``), or ``config`` is not a
-                ``PostgresCheckpointerConfig``: nothing was connected to. Also (field ``conninfo``) when libpq or
+                ``PostgresCheckpointerConfig``, or its ``connect_timeout`` is not a whole number of seconds within
+                ``config.connect_timeout``'s bounds: nothing was connected to. Also (field ``conninfo``) when libpq or
                 the server refuses one of its option values (``sslmode``, ``port``, ``keepalives``, a setting in
                 ``options``…): the message names the value, never the password; nothing was written.
             StoreUnavailable: the server refused the first connection in a way waiting may heal (refused, no
@@ -253,6 +283,7 @@ class PostgresCheckpointer(PostgresAccess, StoreBase):
                     "conninfo", tuple(f"its schema parameter {problem}" for problem in error.problems)
                 ) from None
         parts = libpq.parse(text)
+        config = _url_connect_timeout(config, parts)
         secrets = libpq.secrets_of(text, parts)
         target = libpq.target_of(parts, secrets)
         settings = session_settings(config)
