@@ -6,10 +6,13 @@ the run has written nothing for ``idle_release`` (or when the ``hold`` block end
 (taken over after a pause, or the thread deleted) refuses every later write of the run with ``StaleClaim`` until
 the run has been quiet for ``idle_release``: it never claims the thread again behind the run's back.
 
-A ``hold`` block is a :class:`Block`: one at a time per thread within a saver (a second waits for the first to end,
-or is ``ThreadBusy``), and while it holds the thread only writes made in its context (the code inside the block,
-and the threads and tasks that inherit its ``contextvars``, as LangGraph's do) may write it: a concurrent run of the
-same saver outside the block is ``ThreadBusy`` instead of sharing the block's claim.
+A ``hold`` block is a :class:`Block`, the *turn* of its thread within the saver: one block at a time per thread
+(a second waits for the first to end, or is ``ThreadBusy``), so runs in blocks of one saver follow each other.
+
+What a run read tells a concurrent run of the same saver (which shares the saver's claim) from itself: a read of
+a thread's latest checkpoint is remembered in the reading context (:data:`HEADS`, inherited by the threads and tasks
+LangGraph starts for the run), and a checkpoint the run then stores after it while another run of the saver has
+stored one since is refused (``CheckpointConflict``), so runs of one saver never fork a history.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ from threadloom.persistence.logs import get_logger
 
 log = get_logger("threadloom.langgraph")
 
+TURN_POLL_S = 0.01
+"""How often a block waiting for its thread's turn looks again, in seconds."""
+
+CLAIM_POLL_S = 0.05
+"""How often a claim waiting for another run's claim to end tries again, in seconds."""
+
 LATE_WINDOW = 64
 """How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
 it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Limits)."""
@@ -39,15 +48,54 @@ it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Lim
 
 @attrs.define(eq=False)
 class Block:
-    """One ``hold`` block of a saver on one thread: its context carries it (:data:`BLOCKS`) and only that context
-    may write the thread while the block holds it."""
+    """One ``hold`` block of a saver on one thread: the thread's turn in that saver while it lasts."""
 
     owner: Holds
     thread_id: str
+    adopted: bool = False  # the block took over the claim of a run of the saver that began outside any block
 
 
 BLOCKS: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar("threadloom_langgraph_blocks", default=())
-"""The ``hold`` blocks the current context runs inside (innermost last)."""
+"""The ``hold`` blocks the current context runs inside (innermost last): a block inside one of the same saver and
+thread shares it."""
+
+EMPTY = ""
+"""What :data:`HEADS` records for a read that found the thread empty (checkpoint ids are never empty)."""
+
+HEADS: contextvars.ContextVar[tuple[tuple[str, str, bool], ...]] = contextvars.ContextVar(
+    "threadloom_langgraph_heads", default=()
+)
+"""What this context's reads returned, newest last, at most :data:`HEADS_KEPT`: (thread, checkpoint id or
+:data:`EMPTY`, picked) - a latest checkpoint (picked False), or a checkpoint picked by its id (picked True)."""
+
+HEADS_KEPT = 64
+
+
+def _remember(thread_id: str, key: str, picked: bool) -> None:
+    heads = tuple(item for item in HEADS.get() if item[:2] != (thread_id, key))
+    HEADS.set((*heads[-(HEADS_KEPT - 1) :], (thread_id, key, picked)))
+
+
+def read_head(thread_id: str, checkpoint_id: str | None) -> None:
+    """Records in the current context that a read of ``thread_id``'s latest returned ``checkpoint_id`` (None:
+    the thread was empty): a checkpoint stored after it from here continues the thread's latest."""
+    _remember(thread_id, checkpoint_id or EMPTY, False)
+
+
+def read_by_id(thread_id: str, checkpoint_id: str) -> None:
+    """Records in the current context that a read picked ``checkpoint_id`` by its id: a checkpoint stored after it
+    from here branches from it on purpose (LangGraph's time travel, ``update_state`` on an earlier config)."""
+    _remember(thread_id, checkpoint_id, True)
+
+
+def read_mark(thread_id: str, checkpoint_id: str | None) -> bool | None:
+    """How this context last read ``checkpoint_id`` (None: an empty thread) of ``thread_id``: True picked by id,
+    False as the latest, None not read here."""
+    key = (thread_id, checkpoint_id or EMPTY)
+    for item in reversed(HEADS.get()):
+        if item[:2] == key:
+            return item[2]
+    return None
 
 
 @attrs.define(eq=False)
@@ -71,22 +119,12 @@ class Hold:
     late_seen: bool = False
     moved: tuple[str | None, str | None] | None = None
     lost: StaleClaim | None = None
-    block: Block | None = None  # the hold block holding the thread: only writes in its context may use the hold
+    released: bool = False  # the saver let the claim go (block end, idle, drop): a write takes the thread's new hold
     last_used: float = attrs.field(factory=time.monotonic)
     renewed_at: float = attrs.field(factory=time.monotonic)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
-
-    def check_block(self) -> None:
-        """Refuses a write from outside the hold block that holds the thread (another run of the same saver).
-
-        Raises:
-            ThreadBusy: a ``hold`` block holds the thread and the caller's context is not inside it.
-        """
-        block = self.block
-        if block is not None and block not in BLOCKS.get():
-            raise ThreadBusy(self.thread_id, self.latest, BusyHolder.Run(self.holder))
 
     def superseded(self, checkpoint_id: str) -> bool:
         """Whether ``checkpoint_id`` is one of the ``LATE_WINDOW`` checkpoints before the latest, stored under
@@ -117,12 +155,10 @@ class Holds:
         self._tenant = tenant_id
         self._lock = threading.Lock()
         self._gates: dict[str, list[Any]] = {}  # thread -> [lock, users]: one claim per thread at a time
-        self._blocks: dict[str, list[Any]] = {}  # thread -> [lock, users]: one hold block per thread at a time
+        self._turns: dict[str, Block] = {}  # thread -> the hold block whose turn it is
         self._holds: dict[str, Hold] = {}
         self._deleted: dict[str, None] = {}  # threads this saver deleted and no run has begun again (oldest first)
         self._seen: dict[str, str | None] = {}
-        # thread -> checkpoints a read of the thread's latest returned (and no read by id picked since), newest last
-        self._heads: dict[str, dict[str, None]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -142,31 +178,6 @@ class Holds:
             hold = self._holds.get(thread_id)
         if hold is not None and hold.moved is not None and hold.moved[1] == latest:
             hold.moved = None  # the run read the thread as it now is
-
-    def read(self, thread_id: str, checkpoint_id: str | None, *, head: bool) -> None:
-        """Records what a read returned: ``checkpoint_id`` as the thread's latest (``head``: a run continues it), or
-        picked by its id (a run started from it branches from it on purpose, as LangGraph's time travel does)."""
-        if checkpoint_id is None:
-            return
-        with self._lock:
-            heads = self._heads.get(thread_id)
-            if head:
-                if heads is None:
-                    heads = self._heads[thread_id] = {}
-                    if len(self._heads) > 10_000:
-                        self._heads.pop(next(iter(self._heads)))
-                heads.pop(checkpoint_id, None)
-                heads[checkpoint_id] = None
-                if len(heads) > LATE_WINDOW:
-                    heads.pop(next(iter(heads)))
-            elif heads is not None:
-                heads.pop(checkpoint_id, None)
-
-    def read_as_head(self, thread_id: str, checkpoint_id: str) -> bool:
-        """Whether a read of this saver returned ``checkpoint_id`` as the thread's latest and no read by its id
-        picked it since: a run that puts a checkpoint after it meant to continue the thread's latest."""
-        with self._lock:
-            return checkpoint_id in self._heads.get(thread_id, ())
 
     def mark_deleted(self, thread_id: str) -> None:
         """Records that this saver deleted ``thread_id`` (see :meth:`was_deleted`)."""
@@ -225,60 +236,94 @@ class Holds:
                     self._gates.pop(thread_id, None)
 
     def inside(self, thread_id: str) -> bool:
-        """Whether the current context runs inside a hold block of this saver on ``thread_id``."""
-        return any(block.owner is self and block.thread_id == thread_id for block in BLOCKS.get())
+        """Whether the current context runs inside a hold block of this saver on ``thread_id`` that still has the
+        thread's turn."""
+        with self._lock:
+            turn = self._turns.get(thread_id)
+        return turn is not None and turn in BLOCKS.get()
+
+    def take_turn(self, thread_id: str) -> Block | None:
+        """The thread's turn for a new block, or None while another block of this saver has it (never waits).
+
+        Raises:
+            StoreClosed: the saver was closed.
+        """
+        if self._stop.is_set():
+            raise StoreClosed("langgraph", "the saver is closed; nothing written")
+        with self._lock:
+            if thread_id in self._turns:
+                return None
+            block = self._turns[thread_id] = Block(owner=self, thread_id=thread_id)
+            return block
+
+    def give_turn(self, block: Block) -> None:
+        """Ends ``block``'s turn (the saver's next block on the thread may begin); nothing else."""
+        with self._lock:
+            if self._turns.get(block.thread_id) is block:
+                del self._turns[block.thread_id]
+
+    def busy(self, thread_id: str) -> ThreadBusy:
+        """The ``ThreadBusy`` of a block that did not get its thread's turn in time."""
+        hold = self.get(thread_id)
+        return ThreadBusy(
+            thread_id,
+            hold.latest if hold is not None else None,
+            BusyHolder.Run(hold.holder if hold is not None else "another hold block of this saver"),
+        )
 
     def begin(self, thread_id: str, wait: timedelta | None) -> Block:
-        """Begins a hold block on ``thread_id``: waits up to ``wait`` for this saver's other block on the thread to
-        end, then holds the thread's claim (explicitly) for the block. The caller sets :data:`BLOCKS` for the block
-        and calls :meth:`end` once it ends.
+        """Begins a hold block on ``thread_id`` (blocking): waits up to ``wait`` for the thread's turn, then holds
+        the thread's claim for the block (explicitly: not released while idle). The caller calls :meth:`end`.
 
         Raises:
             ThreadBusy: another block of this saver, or another run's claim, holds the thread past ``wait``.
-            StoreClosed, TenantMismatch, ValidationError: as :meth:`acquire`.
+            StoreClosed: the saver was closed (also while waiting).
+            TenantMismatch, ValidationError: as :meth:`acquire`.
         """
         seconds = wait_seconds("wait", wait)
         deadline = time.monotonic() + (seconds or 0.0)
-        with self._lock:
-            gate = self._blocks.setdefault(thread_id, [threading.Lock(), 0])
-            gate[1] += 1
+        while True:
+            block = self.take_turn(thread_id)
+            if block is not None:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.busy(thread_id)
+            self._stop.wait(min(TURN_POLL_S, left))
         try:
-            if not (gate[0].acquire(timeout=seconds) if seconds else gate[0].acquire(blocking=False)):
-                hold = self.get(thread_id)
-                raise ThreadBusy(
-                    thread_id,
-                    hold.latest if hold is not None else None,
-                    BusyHolder.Run(hold.holder if hold is not None else "another hold block of this saver"),
-                )
-            try:
-                remaining = timedelta(seconds=max(0.0, deadline - time.monotonic())) if seconds else None
-                hold = self.acquire(thread_id, explicit=True, wait=remaining)
-            except BaseException:
-                gate[0].release()
-                raise
+            left = max(0.0, deadline - time.monotonic())
+            self.claim_for(block, timedelta(seconds=left) if seconds else None)
         except BaseException:
-            self._leave_gate(thread_id, gate)
+            self.give_turn(block)
             raise
-        block = Block(owner=self, thread_id=thread_id)
-        hold.block = block
         return block
 
-    def end(self, block: Block) -> None:
-        """Ends ``block``: releases the thread's claim and lets the saver's next block on the thread begin."""
-        try:
-            self.drop(block.thread_id, release=True)
-        finally:
-            with self._lock:
-                gate = self._blocks.get(block.thread_id)
-            if gate is not None:
-                gate[0].release()
-                self._leave_gate(block.thread_id, gate)
+    def claim_for(self, block: Block, wait: timedelta | None = None) -> None:
+        """Holds ``block``'s thread for it (explicitly: not released while idle): the saver's hold on the thread,
+        claimed when it has none (waiting up to ``wait`` for another run's claim to end).
 
-    def _leave_gate(self, thread_id: str, gate: list[Any]) -> None:
-        with self._lock:
-            gate[1] -= 1
-            if gate[1] == 0 and self._blocks.get(thread_id) is gate:
-                del self._blocks[thread_id]
+        Raises:
+            ThreadBusy, StaleClaim, StoreClosed, TenantMismatch, ValidationError: as :meth:`acquire`.
+        """
+        existing = self.get(block.thread_id)
+        was_explicit = existing is not None and existing.explicit
+        hold = self.acquire(block.thread_id, explicit=True, wait=wait)
+        block.adopted = hold is existing and not was_explicit
+
+    def end(self, block: Block) -> None:
+        """Ends ``block``: releases the thread's claim, then lets the saver's next block on the thread begin."""
+        try:
+            with self._lock:
+                current = self._turns.get(block.thread_id) is block
+                hold = self._holds.get(block.thread_id)
+            if current and block.adopted and hold is not None:
+                # the claim is still the run's that began outside the block: it goes on, released when idle
+                hold.explicit = False
+                hold.touch()
+            elif current:
+                self.drop(block.thread_id, release=True)
+        finally:
+            self.give_turn(block)
 
     def _claim(self, thread_id: str, explicit: bool, wait: timedelta | None) -> Hold:
         with self._lock:
@@ -298,7 +343,7 @@ class Holds:
             except ThreadBusy:
                 if time.monotonic() >= deadline or self._stop.is_set():
                     raise
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(CLAIM_POLL_S, max(0.0, deadline - time.monotonic())))
         with self._lock:
             known_empty = thread_id in self._seen and self._seen[thread_id] is None
         if known_empty:
@@ -343,11 +388,23 @@ class Holds:
     def drop(self, thread_id: str, *, release: bool) -> None:
         """Forgets the hold on ``thread_id``, releasing its claim first when ``release``."""
         with self._lock:
-            hold = self._holds.pop(thread_id, None)
-        if hold is not None and release and hold.lost is None:
-            with hold.lock:
-                self._report_early(hold)
-                self._quiet_release(thread_id, hold.token)
+            gate = self._gates.setdefault(thread_id, [threading.Lock(), 0])
+            gate[1] += 1
+        try:
+            with gate[0]:  # a claim of the thread by this saver waits for the release, never meets it half done
+                with self._lock:
+                    hold = self._holds.pop(thread_id, None)
+                if hold is not None:
+                    with hold.lock:
+                        if release and hold.lost is None:
+                            self._report_early(hold)
+                            self._quiet_release(thread_id, hold.token)
+                        hold.released = True
+        finally:
+            with self._lock:
+                gate[1] -= 1
+                if gate[1] == 0:
+                    self._gates.pop(thread_id, None)
 
     def close(self) -> None:
         """Stops renewing and releases every claim still held."""
@@ -395,6 +452,7 @@ class Holds:
                         del self._holds[hold.thread_id]
                 self._report_early(hold)
                 self._quiet_release(hold.thread_id, hold.token)
+                hold.released = True
                 return
             if now - hold.renewed_at < self._renew_s:
                 return

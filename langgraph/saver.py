@@ -12,6 +12,7 @@ import contextvars
 import functools
 import itertools
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -55,7 +56,17 @@ from threadloom.domain.values import (
     prevalidated_builder,
 )
 from threadloom.langgraph import _mapping as m
-from threadloom.langgraph._holds import BLOCKS, Hold, Holds
+from threadloom.langgraph._holds import (
+    BLOCKS,
+    CLAIM_POLL_S,
+    TURN_POLL_S,
+    Block,
+    Hold,
+    Holds,
+    read_by_id,
+    read_head,
+    read_mark,
+)
 from threadloom.persistence.aio import AsyncStore, open_async_store
 from threadloom.persistence.base import Checkpointer
 from threadloom.persistence.logs import get_logger
@@ -240,12 +251,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         Use it around a run (``with saver.hold(tid): graph.invoke(..., config)``) to claim before the run reads the
         thread, to wait for another host's run to end (``wait``), and to release as soon as the run ends.
 
-        Blocks of one saver on one thread take turns: a second block waits up to ``wait`` for the first to end. While
-        a block holds the thread, only writes made in its context may write it: the code inside the block and the
-        threads and tasks that inherit its ``contextvars`` (LangGraph's own do; a thread you start yourself does
-        not, unless it runs ``contextvars.copy_context().run``). Any other write of the thread through this saver
-        (another request's run without a block, or with a block still waiting) gets ``ThreadBusy`` and writes
-        nothing. A block inside a block of the same saver and thread shares the outer one.
+        Blocks of one saver on one thread take turns: a second block waits up to ``wait`` for the first to end (in
+        no promised order among several waiting), so runs in blocks follow each other. A block inside a block of the
+        same saver and thread (in its code, or a thread or task that inherits its ``contextvars``) shares the outer
+        one. A run of the same saver outside any block is not held back by a block; it shares the saver's claim,
+        and what keeps it from forking the history is :meth:`put`'s ``CheckpointConflict``. A block that begins while
+        such a run holds the saver's claim shares that claim and leaves it to the run at its end (released once the
+        run is idle).
 
         A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
         blocks the thread's next claim.
@@ -272,8 +284,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         try:
             yield
         finally:
-            BLOCKS.reset(token)
-            self._holds.end(block)
+            try:
+                self._holds.end(block)
+            finally:
+                _reset(BLOCKS, token)
 
     @contextlib.asynccontextmanager
     async def ahold(self, thread_id: str, *, wait: timedelta | None = None) -> AsyncIterator[None]:
@@ -283,13 +297,63 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         if self._holds.inside(name):  # a block inside this saver's block on the thread: the outer one holds it
             yield
             return
-        block = await self._run(functools.partial(self._holds.begin, name, wait))
+        block = await self._abegin(name, wait)
         token = BLOCKS.set((*BLOCKS.get(), block))
         try:
             yield
         finally:
-            BLOCKS.reset(token)
-            await self._run(functools.partial(self._holds.end, block))
+            try:
+                await asyncio.shield(self._run(functools.partial(self._holds.end, block)))
+            finally:
+                _reset(BLOCKS, token)
+
+    async def _abegin(self, name: str, wait: timedelta | None) -> Block:
+        """:meth:`Holds.begin` without holding a pool thread while it waits for the turn, and safe to cancel: a
+        block cancelled while it claims ends once the claim returns (it never keeps the turn or the claim)."""
+        seconds = v.wait_seconds("wait", wait) or 0.0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            block = self._holds.take_turn(name)
+            if block is not None:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                raise self._holds.busy(name)
+            await asyncio.sleep(min(TURN_POLL_S, left))
+        while True:  # the claim: another host's run may hold the thread; waited for here, not on a pool thread
+            claiming = asyncio.ensure_future(self._run(functools.partial(self._holds.claim_for, block)))
+            try:
+                await asyncio.shield(claiming)
+                return block
+            except asyncio.CancelledError:
+                claiming.add_done_callback(functools.partial(self._after_cancelled_claim, block))
+                raise
+            except ThreadBusy:
+                left = deadline - loop.time()
+                if left <= 0:
+                    self._holds.give_turn(block)
+                    raise
+            except BaseException:
+                self._holds.give_turn(block)
+                raise
+            try:
+                await asyncio.sleep(min(CLAIM_POLL_S, left))
+            except BaseException:
+                self._holds.give_turn(block)
+                raise
+
+    def _after_cancelled_claim(self, block: Block, claiming: asyncio.Future[Any]) -> None:
+        """A block cancelled while it claimed: once the claim returns, the block ends (its claim released on a thread
+        of its own, off the loop), or only gives its turn back when the claim failed."""
+        if claiming.cancelled() or claiming.exception() is not None:
+            self._holds.give_turn(block)
+        else:
+            self._end_off_loop(block)
+
+    def _end_off_loop(self, block: Block) -> None:
+        """Ends ``block`` on a thread of its own (a cancelled block's claim is released without the loop)."""
+        threading.Thread(target=self._holds.end, args=(block,), name="threadloom-langgraph-end", daemon=True).start()
 
     # -- writes --------------------------------------------------------------------------------------------------
 
@@ -307,7 +371,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             ThreadBusy: another run holds the thread (another host's, or a ``hold`` block of this saver this write is
                 not made in); StaleClaim: this run's claim was lost (nothing written).
             CheckpointConflict: another run wrote the thread between this run's read and its first write, or another
-                run of this saver stored a checkpoint after the latest this run read and continues (nothing written).
+                run of this saver stored a checkpoint after the one this run continues (the latest it read, or its
+                own previous checkpoint); nothing written.
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
         """
@@ -323,22 +388,16 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         run = full_metadata.get("run_id")
         step = full_metadata.get("step")
         created = _producer_time(checkpoint.get("ts"))
-        root_hold = self._acquire(thread_id, name, ns)
-        hold = self._holds.acquire(name)
+        root_hold = self._holds.acquire(thread_id) if ns else None
         filterable = m.filterable(full_metadata)
-        with hold.lock:
+        with self._locked(name) as hold:
             self._check_live(hold)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
-            if (
-                parent is not None
-                and hold.latest is not None
-                and parent != hold.latest
-                and self._holds.read_as_head(name, parent)
-            ):
-                # the run read ``parent`` as the thread's latest, and another run of this saver (sharing its claim)
-                # stored a checkpoint after it since: stored, this one would fork the history. Refused, nothing
-                # written; the hold stays the other run's (README "LangGraph", Fencing)
+            if parent != hold.latest and self._forks(hold, name, parent):
+                # another run of this saver (sharing its claim) stored a checkpoint after the one this run
+                # continues: stored, this one would fork the history. Refused, nothing written; the hold stays the
+                # other run's (README "LangGraph", Fencing)
                 raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is None and parent is not None and self._holds.was_deleted(name):
                 # the run continues from a checkpoint of the thread this saver deleted since the run read it (the
@@ -438,9 +497,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
         if not encoded:
             return
-        root_hold = self._acquire(thread_id, name, ns)
-        hold = self._holds.acquire(name)
-        with hold.lock:
+        root_hold = self._holds.acquire(thread_id) if ns else None
+        with self._locked(name) as hold:
             self._check_live(hold)
             hold.touch()
             if hold.moved is not None and checkpoint_id != hold.latest:
@@ -477,19 +535,29 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         """The writes of one call worth storing: its regular writes only when the task stored none before."""
         return [w for w in encoded if w.payload["idx"] < 0 or w.task_id not in tasks_with_writes]
 
-    def _acquire(self, thread_id: str, name: str, ns: str) -> Hold | None:
-        """Before a write of namespace ``ns`` (store thread ``name``): the root thread's hold for a subgraph
-        namespace (its claim fences the namespace's commits), None for the root namespace; refuses a write from
-        outside the hold block that holds the root thread (README "LangGraph", Fencing).
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[Hold]:
+        """The saver's hold on ``name`` (claiming the thread when it has none), locked for the block: a hold the
+        saver let go meanwhile (a ``hold`` block's end, idle release) is left for the thread's new one, so a write
+        never commits under a claim the saver released."""
+        while True:
+            hold = self._holds.acquire(name)
+            with hold.lock:
+                if not hold.released:
+                    yield hold
+                    return
 
-        Raises:
-            ThreadBusy: a ``hold`` block of this saver holds the thread and the write is not made inside it;
-                nothing written.
-        """
-        root = self._holds.acquire(thread_id) if ns else self._holds.get(name)
-        if root is not None:
-            root.check_block()
-        return root if ns else None
+    @staticmethod
+    def _forks(hold: Hold, name: str, parent: str | None) -> bool:
+        """Whether a checkpoint whose LangGraph parent is ``parent`` (not the latest ``hold`` knows) would fork the
+        history: it continues a checkpoint this context read as the latest (None: found the thread empty), or one
+        this saver stored under ``hold`` (the run's own previous checkpoint, which another run continued since).
+        Not when this context picked ``parent`` by its id (a branch on purpose), nor for a parent this saver neither
+        read here nor stored (a caller of ``put`` that names a parent of its own)."""
+        mark = read_mark(name, parent)
+        if mark is not None:
+            return not mark
+        return parent is not None and parent in hold.committed
 
     def _check_live(self, hold: Hold) -> None:
         if hold.lost is not None:
@@ -515,13 +583,17 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         two more once the thread has a checkpoint that carries late writes; none for the latest's parent. A
         checkpoint of a run removed by :meth:`delete_for_runs` is absent. Needs no claim.
         """
+        found = self._get_tuple(config)
+        _read_marks(config, found)
+        return found
+
+    def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
         wanted = conf.get("checkpoint_id")
         latest = self.store.latest(name)
         self._holds.seen(name, latest.checkpoint.id if latest is not None else None)
-        self._holds.read(name, wanted or (latest.checkpoint.id if latest is not None else None), head=wanted is None)
         if wanted is None:
             if latest is None:
                 return None
@@ -987,7 +1059,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         return await self._aio.call(contextvars.copy_context().run, call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._run(functools.partial(self.get_tuple, config))
+        found = await self._run(functools.partial(self.get_tuple, config))
+        _read_marks(config, found)  # in the run's own context (the pool read in a copy of it)
+        return found
 
     async def alist(
         self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -1092,6 +1166,27 @@ class _Late:
         """The late writes found for ``checkpoint_id``, in the order the run sent them."""
         found = self._by_target.get(checkpoint_id)
         return sorted(found, key=m.batch_order) if found else []
+
+
+def _read_marks(config: RunnableConfig, found: CheckpointTuple | None) -> None:
+    """Records in the reading context what a ``get_tuple`` of ``config`` returned: the namespace's latest (or that
+    it was empty), or a checkpoint picked by its id (README "LangGraph", Fencing)."""
+    conf = m.configurable(config)
+    name = m.store_thread(conf["thread_id"], conf.get("checkpoint_ns") or "")
+    wanted = conf.get("checkpoint_id")
+    if wanted is not None:
+        read_by_id(name, wanted)
+    else:
+        read_head(name, found.checkpoint["id"] if found is not None else None)
+
+
+def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
+    """``var.reset(token)``, or nothing when the block ends in another context than it began in (an async generator
+    closed by another task): the block has ended either way."""
+    try:
+        var.reset(token)
+    except ValueError:
+        pass
 
 
 def _held(latest: StoredCheckpoint) -> builtins.list[tuple[str, Any]]:
