@@ -260,6 +260,15 @@ def _in_thread_async(fn):
     return result
 
 
+def _one_node(saver, name: str, node):
+    """A graph of one node, ``START -> name -> END``, on ``saver``."""
+    builder = StateGraph(State)
+    builder.add_node(name, node)
+    builder.add_edge(GRAPH_START, name)
+    builder.add_edge(name, END)
+    return builder.compile(checkpointer=saver)
+
+
 def _linear(graph, config) -> bool:
     """Whether the history is one line: each checkpoint's parent is the one listed right after it."""
     history = list(graph.get_state_history(config))
@@ -485,11 +494,7 @@ def test_a_read_by_id_elsewhere_does_not_let_two_concurrent_resumes_fork(saver, 
         assert gate.wait(30)
         return {"log": [answer]}
 
-    builder = StateGraph(State)
-    builder.add_node("ask", ask)
-    builder.add_edge(GRAPH_START, "ask")
-    builder.add_edge("ask", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = _one_node(saver, "ask", ask)
     config = {"configurable": {"thread_id": "resume"}}
     graph.invoke({"log": ["q"]}, config, durability=durability)
     snapshot = graph.get_state(config)
@@ -515,11 +520,7 @@ def test_a_block_begun_inside_a_run_without_one_leaves_the_runs_claim_to_it(save
             pass
         return {"log": ["n"]}
 
-    builder = StateGraph(State)
-    builder.add_node("n", node)
-    builder.add_edge(GRAPH_START, "n")
-    builder.add_edge("n", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = _one_node(saver, "n", node)
     config = {"configurable": {"thread_id": "nest"}}
     for label in ("x", "y", "z"):
         graph.invoke({"log": [label]}, config, durability=durability)
