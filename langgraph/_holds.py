@@ -17,10 +17,12 @@ stored one since is refused (``CheckpointConflict``), so runs of one saver never
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +42,9 @@ TURN_POLL_S = 0.01
 
 CLAIM_POLL_S = 0.05
 """How often a claim waiting for another run's claim to end tries again, in seconds."""
+
+KNOWN_KEPT = 10_000
+"""How many of the checkpoints a hold knew as the latest it remembers (README "LangGraph", Fencing)."""
 
 LATE_WINDOW = 64
 """How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
@@ -111,6 +116,9 @@ class Hold:
     regular_tasks: set[str] = attrs.field(factory=set)
     writes: list[PendingWrite] = attrs.field(factory=list)  # the pending writes stored against ``latest``
     committed: list[str] = attrs.field(factory=list)
+    # the checkpoints this hold knew as the thread's latest, oldest first, at most KNOWN_KEPT: a run that continues
+    # one of them after the latest moved on would fork the history (Holds._forks in the saver)
+    known: dict[str, None] = attrs.field(factory=dict)
     early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
     # the latest holds late writes (for a checkpoint before it): the next checkpoint carries them, marked
     holds_late: bool = False
@@ -139,6 +147,13 @@ class Hold:
         self.holds_late = False
         self.committed.append(checkpoint_id)
         del self.committed[: -(LATE_WINDOW + 1)]
+        self.knew(checkpoint_id)
+
+    def knew(self, checkpoint_id: str) -> None:
+        """Records that ``checkpoint_id`` was the thread's latest under this hold."""
+        self.known[checkpoint_id] = None
+        if len(self.known) > KNOWN_KEPT:
+            del self.known[next(iter(self.known))]
 
 
 class Holds:
@@ -222,13 +237,19 @@ class Holds:
             if explicit:
                 hold.explicit = True
             return hold
-        # one claim per thread at a time from this saver (its own claim would refuse the second)
+        with self._gate(thread_id):  # one claim per thread at a time from this saver (its own would refuse another)
+            return self._claim(thread_id, explicit, wait)
+
+    @contextlib.contextmanager
+    def _gate(self, thread_id: str) -> Iterator[None]:
+        """The thread's gate: its claims by this saver, and the releases of its holds, one at a time. Never held
+        while waiting for a hold's lock (a drop takes the hold's lock first)."""
         with self._lock:
             gate = self._gates.setdefault(thread_id, [threading.Lock(), 0])
             gate[1] += 1
         try:
             with gate[0]:
-                return self._claim(thread_id, explicit, wait)
+                yield
         finally:
             with self._lock:
                 gate[1] -= 1
@@ -367,6 +388,7 @@ class Holds:
         hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
         if latest is not None:
             hold.committed.append(latest)
+            hold.knew(latest)
         if stored is not None:
             hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
             hold.writes = list(stored.pending_writes)
@@ -380,31 +402,40 @@ class Holds:
         self._ensure_renewer()
         return hold
 
+    def confirm(self, hold: Hold) -> None:
+        """Makes sure ``hold``'s claim is still the thread's (renewing it), before the saver refuses a write for what
+        the hold knows: a claim lost meanwhile is the answer instead.
+
+        Raises:
+            StaleClaim: the claim was taken over or the thread deleted; every later write of the run is refused.
+        """
+        try:
+            self._store.renew(hold.thread_id, hold.token, self._ttl)
+        except StaleClaim as error:
+            self.lose(hold, error)
+            raise
+        hold.renewed_at = time.monotonic()
+
     def lose(self, hold: Hold, error: StaleClaim) -> None:
         """Marks ``hold`` lost: every later write of the run is refused with ``error``."""
         hold.lost = error
         hold.touch()
 
     def drop(self, thread_id: str, *, release: bool) -> None:
-        """Forgets the hold on ``thread_id``, releasing its claim first when ``release``."""
+        """Forgets the hold on ``thread_id``, releasing its claim first when ``release``. A claim of the thread by
+        this saver that comes meanwhile waits for the release (it never meets the old claim still live)."""
         with self._lock:
-            gate = self._gates.setdefault(thread_id, [threading.Lock(), 0])
-            gate[1] += 1
-        try:
-            with gate[0]:  # a claim of the thread by this saver waits for the release, never meets it half done
-                with self._lock:
-                    hold = self._holds.pop(thread_id, None)
-                if hold is not None:
-                    with hold.lock:
-                        if release and hold.lost is None:
-                            self._report_early(hold)
-                            self._quiet_release(thread_id, hold.token)
-                        hold.released = True
-        finally:
+            hold = self._holds.get(thread_id)
+        if hold is None:
+            return
+        with hold.lock, self._gate(thread_id):
             with self._lock:
-                gate[1] -= 1
-                if gate[1] == 0:
-                    self._gates.pop(thread_id, None)
+                if self._holds.get(thread_id) is hold:
+                    del self._holds[thread_id]
+            if release and hold.lost is None and not hold.released:
+                self._report_early(hold)
+                self._quiet_release(thread_id, hold.token)
+            hold.released = True
 
     def close(self) -> None:
         """Stops renewing and releases every claim still held."""

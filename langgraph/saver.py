@@ -397,7 +397,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if parent != hold.latest and self._forks(hold, name, parent):
                 # another run of this saver (sharing its claim) stored a checkpoint after the one this run
                 # continues: stored, this one would fork the history. Refused, nothing written; the hold stays the
-                # other run's (README "LangGraph", Fencing)
+                # other run's (README "LangGraph", Fencing). Unless the claim itself was lost meanwhile (the thread
+                # deleted, or taken over while this host paused): then that is the answer (StaleClaim)
+                self._holds.confirm(hold)
                 raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is None and parent is not None and self._holds.was_deleted(name):
                 # the run continues from a checkpoint of the thread this saver deleted since the run read it (the
@@ -550,14 +552,16 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     @staticmethod
     def _forks(hold: Hold, name: str, parent: str | None) -> bool:
         """Whether a checkpoint whose LangGraph parent is ``parent`` (not the latest ``hold`` knows) would fork the
-        history: it continues a checkpoint this context read as the latest (None: found the thread empty), or one
-        this saver stored under ``hold`` (the run's own previous checkpoint, which another run continued since).
-        Not when this context picked ``parent`` by its id (a branch on purpose), nor for a parent this saver neither
-        read here nor stored (a caller of ``put`` that names a parent of its own)."""
+        history: ``parent`` is a checkpoint this hold knew as the latest (another run of this saver, sharing its
+        claim, stored one after it since), or None while this context read the thread empty. Not when this context
+        picked ``parent`` by its id (a branch on purpose), nor for a parent the hold never knew (written by another
+        host: the store's fencing answers, ``StaleClaim`` for a claim taken over; or named by a caller of ``put``)."""
         mark = read_mark(name, parent)
-        if mark is not None:
-            return not mark
-        return parent is not None and parent in hold.committed
+        if mark:
+            return False
+        if parent is None:
+            return mark is not None and hold.latest is not None
+        return parent in hold.known
 
     def _check_live(self, hold: Hold) -> None:
         if hold.lost is not None:
