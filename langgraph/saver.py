@@ -552,16 +552,14 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     @staticmethod
     def _forks(hold: Hold, name: str, parent: str | None) -> bool:
         """Whether a checkpoint whose LangGraph parent is ``parent`` (not the latest ``hold`` knows) would fork the
-        history: ``parent`` is a checkpoint this hold knew as the latest (another run of this saver, sharing its
-        claim, stored one after it since), or None while this context read the thread empty. Not when this context
-        picked ``parent`` by its id (a branch on purpose), nor for a parent the hold never knew (written by another
-        host: the store's fencing answers, ``StaleClaim`` for a claim taken over; or named by a caller of ``put``)."""
+        history: this context read ``parent`` as the thread's latest (None: read the thread empty), or ``parent`` is
+        a checkpoint this hold knew as the latest (the run's own previous one) - and another run of this saver
+        stored one after it since. Not when this context picked ``parent`` by its id (a branch on purpose), nor for a
+        parent neither read here nor known to the hold (a caller of ``put`` that names a parent of its own)."""
         mark = read_mark(name, parent)
-        if mark:
-            return False
-        if parent is None:
-            return mark is not None and hold.latest is not None
-        return parent in hold.known
+        if mark is not None:
+            return not mark
+        return parent is not None and parent in hold.known
 
     def _check_live(self, hold: Hold) -> None:
         if hold.lost is not None:

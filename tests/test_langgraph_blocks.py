@@ -526,3 +526,20 @@ def test_a_block_begun_inside_a_run_without_one_leaves_the_runs_claim_to_it(save
         graph.invoke({"log": [label]}, config, durability=durability)
     assert graph.get_state(config).values["log"] == ["x", "n", "y", "n", "z", "n"]
     assert _linear(graph, config)
+
+
+def test_a_run_that_read_the_latest_before_another_run_came_and_went_does_not_fork(store) -> None:
+    """The saver's claim was released (idle) between the other run's end and this run's first write: the new claim
+    knows only the latest, and the run's read of an older one still refuses its checkpoint."""
+    saver = ThreadloomSaver(store, idle_release=timedelta(milliseconds=100))
+    try:
+        base = _put(saver, "t")
+        read = saver.get_tuple(generate_config("t"))  # run A reads the latest, then thinks for a long time
+        later = _in_thread(lambda: _put(saver, "t", base, step=1))  # run B comes, writes, and goes
+        assert later[0] == "ok"
+        time.sleep(0.5)  # the saver releases the idle claim
+        with pytest.raises(CheckpointConflict):
+            _put(saver, "t", read.config, step=1)
+        assert _ids(saver, "t") == [later[1]["configurable"]["checkpoint_id"], base["configurable"]["checkpoint_id"]]
+    finally:
+        saver.close()
