@@ -8,11 +8,6 @@ the run has been quiet for ``idle_release``: it never claims the thread again be
 
 A ``hold`` block is a :class:`Block`, the *turn* of its thread within the saver: one block at a time per thread
 (a second waits for the first to end, or is ``ThreadBusy``), so runs in blocks of one saver follow each other.
-
-What a run read tells a concurrent run of the same saver (which shares the saver's claim) from itself: a read of
-a thread's latest checkpoint is remembered in the reading context (:data:`HEADS`, inherited by the threads and tasks
-LangGraph starts for the run), and a checkpoint the run then stores after it while another run of the saver has
-stored one since is refused (``CheckpointConflict``), so runs of one saver never fork a history.
 """
 
 from __future__ import annotations
@@ -43,9 +38,6 @@ TURN_POLL_S = 0.01
 CLAIM_POLL_S = 0.05
 """How often a claim waiting for another run's claim to end tries again, in seconds."""
 
-KNOWN_KEPT = 10_000
-"""How many of the checkpoints a hold knew as the latest it remembers (README "LangGraph", Fencing)."""
-
 LATE_WINDOW = 64
 """How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
 it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Limits)."""
@@ -64,45 +56,6 @@ BLOCKS: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar("thre
 """The ``hold`` blocks the current context runs inside (innermost last): a block inside one of the same saver and
 thread shares it."""
 
-EMPTY = ""
-"""What :data:`HEADS` records for a read that found the thread empty (checkpoint ids are never empty)."""
-
-HEADS: contextvars.ContextVar[tuple[tuple[str, str, bool], ...]] = contextvars.ContextVar(
-    "threadloom_langgraph_heads", default=()
-)
-"""What this context's reads returned, newest last, at most :data:`HEADS_KEPT`: (thread, checkpoint id or
-:data:`EMPTY`, picked) - a latest checkpoint (picked False), or a checkpoint picked by its id (picked True)."""
-
-HEADS_KEPT = 64
-
-
-def _remember(thread_id: str, key: str, picked: bool) -> None:
-    heads = tuple(item for item in HEADS.get() if item[:2] != (thread_id, key))
-    HEADS.set((*heads[-(HEADS_KEPT - 1) :], (thread_id, key, picked)))
-
-
-def read_head(thread_id: str, checkpoint_id: str | None) -> None:
-    """Records in the current context that a read of ``thread_id``'s latest returned ``checkpoint_id`` (None:
-    the thread was empty): a checkpoint stored after it from here continues the thread's latest."""
-    _remember(thread_id, checkpoint_id or EMPTY, False)
-
-
-def read_by_id(thread_id: str, checkpoint_id: str) -> None:
-    """Records in the current context that a read picked ``checkpoint_id`` by its id: a checkpoint stored after it
-    from here branches from it on purpose (LangGraph's time travel, ``update_state`` on an earlier config)."""
-    _remember(thread_id, checkpoint_id, True)
-
-
-def read_mark(thread_id: str, checkpoint_id: str | None) -> bool | None:
-    """How this context last read ``checkpoint_id`` (None: an empty thread) of ``thread_id``: True picked by id,
-    False as the latest, None not read here."""
-    key = (thread_id, checkpoint_id or EMPTY)
-    for item in reversed(HEADS.get()):
-        if item[:2] == key:
-            return item[2]
-    return None
-
-
 @attrs.define(eq=False)
 class Hold:
     """One claim a saver holds, and what the saver knows of the thread under it."""
@@ -116,9 +69,6 @@ class Hold:
     regular_tasks: set[str] = attrs.field(factory=set)
     writes: list[PendingWrite] = attrs.field(factory=list)  # the pending writes stored against ``latest``
     committed: list[str] = attrs.field(factory=list)
-    # the checkpoints this hold knew as the thread's latest, oldest first, at most KNOWN_KEPT: a run that continues
-    # one of them after the latest moved on would fork the history (Holds._forks in the saver)
-    known: dict[str, None] = attrs.field(factory=dict)
     early: dict[str, list[PendingWrite]] = attrs.field(factory=dict)
     # the latest holds late writes (for a checkpoint before it): the next checkpoint carries them, marked
     holds_late: bool = False
@@ -147,13 +97,6 @@ class Hold:
         self.holds_late = False
         self.committed.append(checkpoint_id)
         del self.committed[: -(LATE_WINDOW + 1)]
-        self.knew(checkpoint_id)
-
-    def knew(self, checkpoint_id: str) -> None:
-        """Records that ``checkpoint_id`` was the thread's latest under this hold."""
-        self.known[checkpoint_id] = None
-        if len(self.known) > KNOWN_KEPT:
-            del self.known[next(iter(self.known))]
 
 
 class Holds:
@@ -388,7 +331,6 @@ class Holds:
         hold = Hold(thread_id=thread_id, holder=holder, token=claim.token, latest=latest, explicit=explicit)
         if latest is not None:
             hold.committed.append(latest)
-            hold.knew(latest)
         if stored is not None:
             hold.regular_tasks = _mapping.regular_tasks(stored.pending_writes)
             hold.writes = list(stored.pending_writes)
@@ -401,20 +343,6 @@ class Holds:
             self._holds[thread_id] = hold
         self._ensure_renewer()
         return hold
-
-    def confirm(self, hold: Hold) -> None:
-        """Makes sure ``hold``'s claim is still the thread's (renewing it), before the saver refuses a write for what
-        the hold knows: a claim lost meanwhile is the answer instead.
-
-        Raises:
-            StaleClaim: the claim was taken over or the thread deleted; every later write of the run is refused.
-        """
-        try:
-            self._store.renew(hold.thread_id, hold.token, self._ttl)
-        except StaleClaim as error:
-            self.lose(hold, error)
-            raise
-        hold.renewed_at = time.monotonic()
 
     def lose(self, hold: Hold, error: StaleClaim) -> None:
         """Marks ``hold`` lost: every later write of the run is refused with ``error``."""

@@ -63,9 +63,6 @@ from threadloom.langgraph._holds import (
     Block,
     Hold,
     Holds,
-    read_by_id,
-    read_head,
-    read_mark,
 )
 from threadloom.persistence.aio import AsyncStore, open_async_store
 from threadloom.persistence.base import Checkpointer
@@ -254,10 +251,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         Blocks of one saver on one thread take turns: a second block waits up to ``wait`` for the first to end (in
         no promised order among several waiting), so runs in blocks follow each other. A block inside a block of the
         same saver and thread (in its code, or a thread or task that inherits its ``contextvars``) shares the outer
-        one. A run of the same saver outside any block is not held back by a block; it shares the saver's claim,
-        and what keeps it from forking the history is :meth:`put`'s ``CheckpointConflict``. A block that begins while
-        such a run holds the saver's claim shares that claim and leaves it to the run at its end (released once the
-        run is idle).
+        one. A run of the same saver outside any block is not held back by a block: it shares the saver's claim, so
+        two runs of one thread through one saver at once, one of them outside any block, can fork the history (README
+        "LangGraph"). A block that begins while such a run holds the saver's claim shares that claim and leaves it to
+        the run at its end (released once the run is idle).
 
         A block begins a new run: a run of this saver that lost the thread before it (``StaleClaim``) no longer
         blocks the thread's next claim.
@@ -370,9 +367,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             ValidationError: a value the serializer cannot encode as data (nothing written).
             ThreadBusy: another run holds the thread (another host's, or a ``hold`` block of this saver this write is
                 not made in); StaleClaim: this run's claim was lost (nothing written).
-            CheckpointConflict: another run wrote the thread between this run's read and its first write, or another
-                run of this saver stored a checkpoint after the one this run continues (the latest it read, or its
-                own previous checkpoint); nothing written.
+            CheckpointConflict: another run wrote the thread between this run's read and its first write.
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
         """
@@ -394,13 +389,6 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             self._check_live(hold)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
-            if parent != hold.latest and self._forks(hold, name, parent):
-                # another run of this saver (sharing its claim) stored a checkpoint after the one this run
-                # continues: stored, this one would fork the history. Refused, nothing written; the hold stays the
-                # other run's (README "LangGraph", Fencing). Unless the claim itself was lost meanwhile (the thread
-                # deleted, or taken over while this host paused): then that is the answer (StaleClaim)
-                self._holds.confirm(hold)
-                raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is None and parent is not None and self._holds.was_deleted(name):
                 # the run continues from a checkpoint of the thread this saver deleted since the run read it (the
                 # saver then knows the thread empty, so no read shows the move). Stored, the run's state would
@@ -549,18 +537,6 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     yield hold
                     return
 
-    @staticmethod
-    def _forks(hold: Hold, name: str, parent: str | None) -> bool:
-        """Whether a checkpoint whose LangGraph parent is ``parent`` (not the latest ``hold`` knows) would fork the
-        history: this context read ``parent`` as the thread's latest (None: read the thread empty), or ``parent`` is
-        a checkpoint this hold knew as the latest (the run's own previous one) - and another run of this saver
-        stored one after it since. Not when this context picked ``parent`` by its id (a branch on purpose), nor for a
-        parent neither read here nor known to the hold (a caller of ``put`` that names a parent of its own)."""
-        mark = read_mark(name, parent)
-        if mark is not None:
-            return not mark
-        return parent is not None and parent in hold.known
-
     def _check_live(self, hold: Hold) -> None:
         if hold.lost is not None:
             hold.touch()
@@ -585,11 +561,6 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         two more once the thread has a checkpoint that carries late writes; none for the latest's parent. A
         checkpoint of a run removed by :meth:`delete_for_runs` is absent. Needs no claim.
         """
-        found = self._get_tuple(config)
-        _read_marks(config, found)
-        return found
-
-    def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
@@ -1061,9 +1032,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         return await self._aio.call(contextvars.copy_context().run, call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        found = await self._run(functools.partial(self.get_tuple, config))
-        _read_marks(config, found)  # in the run's own context (the pool read in a copy of it)
-        return found
+        return await self._run(functools.partial(self.get_tuple, config))
 
     async def alist(
         self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -1168,18 +1137,6 @@ class _Late:
         """The late writes found for ``checkpoint_id``, in the order the run sent them."""
         found = self._by_target.get(checkpoint_id)
         return sorted(found, key=m.batch_order) if found else []
-
-
-def _read_marks(config: RunnableConfig, found: CheckpointTuple | None) -> None:
-    """Records in the reading context what a ``get_tuple`` of ``config`` returned: the namespace's latest (or that
-    it was empty), or a checkpoint picked by its id (README "LangGraph", Fencing)."""
-    conf = m.configurable(config)
-    name = m.store_thread(conf["thread_id"], conf.get("checkpoint_ns") or "")
-    wanted = conf.get("checkpoint_id")
-    if wanted is not None:
-        read_by_id(name, wanted)
-    else:
-        read_head(name, found.checkpoint["id"] if found is not None else None)
 
 
 def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
