@@ -56,6 +56,7 @@ BLOCKS: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar("thre
 """The ``hold`` blocks the current context runs inside (innermost last): a block inside one of the same saver and
 thread shares it."""
 
+
 @attrs.define(eq=False)
 class Hold:
     """One claim a saver holds, and what the saver knows of the thread under it."""

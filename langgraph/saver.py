@@ -365,8 +365,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         Raises:
             ValidationError: a value the serializer cannot encode as data (nothing written).
-            ThreadBusy: another run holds the thread (another host's, or a ``hold`` block of this saver this write is
-                not made in); StaleClaim: this run's claim was lost (nothing written).
+            ThreadBusy: another run holds the thread; StaleClaim: this run's claim was lost (nothing written).
             CheckpointConflict: another run wrote the thread between this run's read and its first write.
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
@@ -1028,7 +1027,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         return self._aio
 
     async def _run(self, call: Callable[[], _T]) -> _T:
-        # in the caller's context: a write knows the hold block it is made in (README "LangGraph", Fencing)
+        # in the caller's context: the sync method sees the caller's contextvars, as when it is called directly
         return await self._aio.call(contextvars.copy_context().run, call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
