@@ -393,3 +393,20 @@ def test_a_block_begun_inside_a_run_without_one_leaves_the_runs_claim_to_it(save
         graph.invoke({"log": [label]}, config, durability=durability)
     assert graph.get_state(config).values["log"] == ["x", "n", "y", "n", "z", "n"]
     assert _linear(graph, config)
+
+
+def test_a_conversation_goes_on_after_its_last_run_is_removed_and_starts_again_after_all_are(saver) -> None:
+    """A saver-side rule judging a run by what it read once left a thread refused for good here: the read skips a
+    removed run's checkpoints, the thread's latest does not (found by hostile testing of a design not kept)."""
+    graph = _one_node(saver, "n", lambda state: {"log": ["n"]})
+
+    def config(thread: str, run: str | None = None) -> dict:
+        return {"configurable": {"thread_id": thread, **({"run_id": run} if run else {})}}
+
+    graph.invoke({"log": ["a"]}, config("t", "run-1"))
+    graph.invoke({"log": ["b"]}, config("t", "run-2"))
+    saver.delete_for_runs(["run-2"])
+    assert graph.invoke({"log": ["c"]}, config("t"))["log"] == ["a", "n", "c", "n"]
+    graph.invoke({"log": ["d"]}, config("u", "run-3"))
+    saver.delete_for_runs(["run-3"])
+    assert graph.invoke({"log": ["e"]}, config("u"))["log"] == ["e", "n"]
