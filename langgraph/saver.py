@@ -597,9 +597,13 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         ``before`` (a config whose ``checkpoint_id`` names a checkpoint) lists what is older than it in its
         namespace (``before``'s ``checkpoint_ns`` when the listing spans namespaces, else the listed one), then
-        the namespaces listed after that one; nothing when it is not there. ``filter`` keeps the checkpoints whose
-        metadata holds every key with the same JSON value (README "LangGraph": ``1`` and ``1.0`` are one value,
-        ``true`` is not ``1``, objects compare whatever their key order, ``None`` matches only a stored ``None``).
+        the namespaces listed after that one; nothing when it is not there. Listing one namespace ``before`` a
+        checkpoint of the thread's root namespace (or of ``before``'s ``checkpoint_ns``) that the listed one does not
+        hold, as LangGraph's replay of a persistent subgraph does, lists the listed namespace's checkpoints made
+        before that one (by the producers' ``ts``, as LangGraph's own savers compare ids). ``filter`` keeps the
+        checkpoints whose metadata holds every key with the same JSON value (README "LangGraph": ``1`` and ``1.0``
+        are one value, ``true`` is not ``1``, objects compare whatever their key order, ``None`` matches only a
+        stored ``None``).
 
         The store answers filter, ``before`` and ``limit`` (``search_history``: each call examines at most 1000
         checkpoints and reads only those that match), so a filter that matches little costs one store call per
@@ -651,7 +655,36 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                         return
                 after_id = None
         except CheckpointNotFound:
-            return  # before is not there (or the page's last checkpoint was pruned meanwhile): nothing more
+            if count or config is None or conf.get("checkpoint_ns") is None or after_id is None:
+                return  # before is not there (or the page's last checkpoint was pruned meanwhile): nothing more
+        else:
+            return
+        # a single namespace listed below a checkpoint it does not hold: LangGraph's replay of a persistent subgraph
+        # names the parent's checkpoint; its namespace's checkpoints made before that one, as LangGraph's savers
+        # answer (they compare the ids' times: here the producers' times)
+        listed = m.store_thread(thread_id, conf["checkpoint_ns"])
+        yield from self._made_before(thread_id, after_ns or "", after_id, listed, wanted, page, limit)
+
+    def _made_before(
+        self, thread_id: str, before_ns: str, before_id: str, name: str, wanted: dict[str, str], page: int,
+        limit: int | None,
+    ) -> Iterator[CheckpointTuple]:
+        """The checkpoints of namespace ``name`` made before checkpoint ``before_id`` of the thread's namespace
+        ``before_ns`` (by the producers' times), newest first, at most ``limit``; nothing when it is not there."""
+        marker = self.store.checkpoint(m.store_thread(thread_id, before_ns), before_id)
+        if marker is None:
+            return
+        count = 0
+        try:
+            for found in self._matching(name, wanted, None, None, page):
+                if _made_at(found) >= marker.created_at:
+                    continue
+                yield found
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+        except CheckpointNotFound:
+            return
 
     def _tenant_namespaces(self) -> Iterator[str]:
         """Every namespace of the saver tenant's LangGraph threads, thread by thread, most recently written first."""
@@ -1136,6 +1169,11 @@ class _Late:
         """The late writes found for ``checkpoint_id``, in the order the run sent them."""
         found = self._by_target.get(checkpoint_id)
         return sorted(found, key=m.batch_order) if found else []
+
+
+def _made_at(found: CheckpointTuple) -> datetime:
+    """When the producer made a listed checkpoint (its ``ts``, as the saver stored it)."""
+    return _producer_time(found.checkpoint.get("ts"))
 
 
 def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import attrs
 import pytest
@@ -341,3 +342,44 @@ def test_filterable_takes_the_canonical_text_of_each_value_whatever_path_it_take
     expected = {} if not plain else {m.METADATA_PREFIX + "key": m.filter_text(value),
                                      m.METADATA_PREFIX + "k\u00e9y": m.filter_text(value)}
     assert m.filterable(metadata) == expected
+
+
+class _LogState(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+def test_a_persistent_subgraph_replayed_from_a_parent_checkpoint_is_as_in_langgraphs_saver(store) -> None:
+    """LangGraph's replay lists a ``checkpointer=True`` subgraph's namespace below the parent's checkpoint id
+    (``list(ns, before=<parent checkpoint>, limit=1)``); the saver answered nothing there (``before`` had to name a
+    checkpoint of the listed namespace), so the replayed subgraph lost its earlier state (found by hostile testing)."""
+    from langgraph.graph import END, START, StateGraph
+
+    def run(saver: Any) -> tuple[list[str], int]:
+        inner = StateGraph(_LogState)
+        inner.add_node("s1", lambda state: {"log": ["s1"]})
+        inner.add_edge(START, "s1")
+        inner.add_edge("s1", END)
+        outer = StateGraph(_LogState)
+        outer.add_node("pre", lambda state: {"log": ["pre"]})
+        outer.add_node("sub", inner.compile(checkpointer=True))
+        outer.add_node("post", lambda state: {"log": ["post"]})
+        outer.add_edge(START, "pre")
+        outer.add_edge("pre", "sub")
+        outer.add_edge("sub", "post")
+        outer.add_edge("post", END)
+        graph = outer.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": "replay"}}
+        graph.invoke({"log": ["x"]}, config)
+        graph.invoke({"log": ["y"]}, config)
+        target = next(s for s in graph.get_state_history(config) if s.next == ("sub",))  # the second run's
+        graph.invoke(None, target.config)
+        sub = {"configurable": {"thread_id": "replay", "checkpoint_ns": "sub"}}
+        root = saver.get_tuple({"configurable": {"thread_id": "replay", "checkpoint_ns": ""}})
+        below = list(saver.list(sub, before={"configurable": {"checkpoint_id": root.checkpoint["id"]}}, limit=1))
+        return saver.get_tuple(sub).checkpoint["channel_values"]["log"], len(below)
+
+    saver = ThreadloomSaver(store)
+    try:
+        assert run(saver) == run(InMemorySaver())
+    finally:
+        saver.close()
