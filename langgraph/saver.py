@@ -676,9 +676,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             return
         count = 0
         try:
-            for found in self._matching(name, wanted, None, None, page):
-                if _made_at(found) >= marker.created_at:
-                    continue
+            for found in self._matching(name, wanted, None, None, page, made_before=marker.created_at):
                 yield found
                 count += 1
                 if limit is not None and count >= limit:
@@ -698,10 +696,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             query = attrs.evolve(query, after=threads.next)
 
     def _matching(
-        self, name: str, wanted: dict[str, str], after: str | None, only: str | None, page: int
+        self, name: str, wanted: dict[str, str], after: str | None, only: str | None, page: int,
+        made_before: datetime | None = None,
     ) -> Iterator[CheckpointTuple]:
         """The visible checkpoints of ``name`` matching ``wanted`` (store metadata), newest first, below ``after``
-        (or only checkpoint ``only``), read from the store ``page`` matches at a time."""
+        (or only checkpoint ``only``), made before ``made_before`` when given (the stored producer's time), read from
+        the store ``page`` matches at a time."""
         visible = self._visibility(name)
         # read below before too: the latest holds (and says whether any checkpoint carries) late writes
         latest = self.store.latest(name)
@@ -734,7 +734,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 if newer is None and after is not None:  # the first below before: before is the one after it
                     newer = self._near(name, after, latest, late)
                 late.carrier(item)
-                if visible(item):
+                if visible(item) and (made_before is None or item.created_at < made_before):
                     yield self._tuple(item, self._writes_of(name, item.id, newer, anchor, latest, late))
                     shown += 1
                 newer, anchor = item, item.id
@@ -1169,11 +1169,6 @@ class _Late:
         """The late writes found for ``checkpoint_id``, in the order the run sent them."""
         found = self._by_target.get(checkpoint_id)
         return sorted(found, key=m.batch_order) if found else []
-
-
-def _made_at(found: CheckpointTuple) -> datetime:
-    """When the producer made a listed checkpoint (its ``ts``, as the saver stored it)."""
-    return _producer_time(found.checkpoint.get("ts"))
 
 
 def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
