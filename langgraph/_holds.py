@@ -78,6 +78,10 @@ class Hold:
     late_seen: bool = False
     moved: tuple[str | None, str | None] | None = None
     lost: StaleClaim | None = None
+    # lost because this saver deleted the thread: a run that begins the thread anew need not wait for idle_release
+    deleted: bool = False
+    # the hold such a delete lost, when this one began the thread anew: that run's writes stay refused
+    gone: Hold | None = None
     released: bool = False  # the saver let the claim go (block end, idle, drop): a write takes the thread's new hold
     last_used: float = attrs.field(factory=time.monotonic)
     renewed_at: float = attrs.field(factory=time.monotonic)
@@ -89,6 +93,16 @@ class Hold:
         """Whether ``checkpoint_id`` is one of the ``LATE_WINDOW`` checkpoints before the latest, stored under
         this hold (or the latest when it was taken): a write for it is late and kept."""
         return checkpoint_id != self.latest and checkpoint_id in self.committed
+
+    def refuses(self, checkpoint_id: str | None) -> StaleClaim | None:
+        """The error for a write naming ``checkpoint_id`` when it is one of the checkpoints the run this hold's
+        saver deleted stored (that run's writes stay refused after a new run began the thread), else None."""
+        gone = self.gone
+        if gone is None or checkpoint_id is None:
+            return None
+        if checkpoint_id == gone.latest or checkpoint_id in gone.committed:
+            return gone.lost
+        return None
 
     def stored(self, checkpoint_id: str) -> None:
         """Records that ``checkpoint_id`` is now the thread's latest (committed under this hold)."""
@@ -345,10 +359,45 @@ class Holds:
         self._ensure_renewer()
         return hold
 
-    def lose(self, hold: Hold, error: StaleClaim) -> None:
-        """Marks ``hold`` lost: every later write of the run is refused with ``error``."""
+    def lose(self, hold: Hold, error: StaleClaim, *, deleted: bool = False) -> None:
+        """Marks ``hold`` lost: every later write of the run is refused with ``error`` (``deleted``: lost because
+        this saver deleted the thread, see :meth:`begin_again`)."""
         hold.lost = error
+        hold.deleted = hold.deleted or deleted
         hold.touch()
+
+    def begin_again(self, thread_id: str) -> Hold | None:
+        """A run begins ``thread_id`` anew (its first checkpoint names no parent) after this saver deleted the
+        thread: the hold that delete lost is let go (its claim went with the thread), so the run claims the thread
+        at once instead of after ``idle_release``. Returns that hold, for the new one to keep refusing its run's
+        writes (:meth:`Hold.refuses`) and to take the early writes it kept; None when there is no such hold."""
+        with self._lock:
+            hold = self._holds.get(thread_id)
+            if hold is None or not hold.deleted:
+                return None
+        with hold.lock:
+            with self._lock:
+                if self._holds.get(thread_id) is not hold:
+                    return None
+                del self._holds[thread_id]
+            hold.released = True
+            return hold
+
+    def keep_early(self, thread_id: str, checkpoint_id: str, writes: list[PendingWrite]) -> bool:
+        """Keeps in memory ``writes`` for ``checkpoint_id`` when the saver's hold on ``thread_id`` was lost by its
+        own delete and never stored that checkpoint: they may be a new run's first writes, sent before its first
+        checkpoint (which then carries them, see :meth:`begin_again`). Whether they were kept."""
+        hold = self.get(thread_id)
+        if hold is None or not hold.deleted:
+            return False
+        with hold.lock:
+            if hold.released or checkpoint_id == hold.latest or checkpoint_id in hold.committed:
+                return False  # let go meanwhile (the new hold takes them), or the deleted run's own: refused
+            kept = hold.early.setdefault(checkpoint_id, [])
+            tasks = _mapping.regular_tasks(kept)  # a task's regular writes: those of its first call that sent any
+            kept.extend([w for w in writes if w.payload["idx"] < 0 or w.task_id not in tasks])
+            hold.touch()
+            return True
 
     def drop(self, thread_id: str, *, release: bool) -> None:
         """Forgets the hold on ``thread_id``, releasing its claim first when ``release``. A claim of the thread by

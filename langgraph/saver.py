@@ -382,10 +382,17 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         run = full_metadata.get("run_id")
         step = full_metadata.get("step")
         created = _producer_time(checkpoint.get("ts"))
+        # a run beginning the thread anew after this saver deleted it claims it at once (README "LangGraph")
+        gone = self._holds.begin_again(name) if parent is None else None
         root_hold = self._holds.acquire(thread_id) if ns else None
         filterable = m.filterable(full_metadata)
         with self._locked(name) as hold:
             self._check_live(hold)
+            if gone is not None:
+                hold.gone = gone
+                for kept_for, kept in gone.early.items():  # the new run's first writes, sent before this put
+                    hold.early.setdefault(kept_for, []).extend(kept)
+            self._check_not_gone(hold, parent)
             if hold.moved is not None:
                 raise CheckpointConflict(name, hold.moved[0], hold.moved[1])
             if hold.latest is None and parent is not None and self._holds.was_deleted(name):
@@ -486,9 +493,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
         if not encoded:
             return
+        if self._holds.keep_early(name, checkpoint_id, encoded):
+            return  # the thread this saver deleted: possibly a new run's first writes, kept for its first put
         root_hold = self._holds.acquire(thread_id) if ns else None
         with self._locked(name) as hold:
             self._check_live(hold)
+            self._check_not_gone(hold, checkpoint_id)
             hold.touch()
             if hold.moved is not None and checkpoint_id != hold.latest:
                 # another run wrote the thread since this run read it: its writes name a view that is gone
@@ -540,6 +550,14 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         if hold.lost is not None:
             hold.touch()
             raise hold.lost
+
+    @staticmethod
+    def _check_not_gone(hold: Hold, checkpoint_id: str | None) -> None:
+        """Refuses a write naming a checkpoint of the run this saver's delete stopped, once a new run began the
+        thread again (that run stays stopped: its writes never join the new history)."""
+        refused = hold.refuses(checkpoint_id)
+        if refused is not None:
+            raise refused
 
     def _commit(self, hold: Hold, commit: Commit) -> None:
         try:
@@ -916,10 +934,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Deletes the LangGraph thread: every namespace's history, writes and events, fenced by claims.
 
-        A run of this saver writing the thread afterwards gets ``StaleClaim`` (the thread is not brought back)
-        until it has been quiet for ``idle_release``; a run that had read the thread but not written it yet (as
-        with ``durability="exit"``) gets ``CheckpointConflict`` at its first checkpoint, which names one the
-        thread no longer has (a new run, whose first checkpoint names none, writes the thread anew).
+        A run of this saver writing the thread afterwards gets ``StaleClaim`` (the thread is not brought back);
+        a run that had read the thread but not written it yet (as with ``durability="exit"``) gets
+        ``CheckpointConflict`` at its first checkpoint, which names one the thread no longer has. A new run, whose
+        first checkpoint names none, writes the thread anew at once (the same conversation started again).
 
         Raises:
             ThreadBusy: another run holds the thread or one of its namespaces (nothing more deleted; retry later).
@@ -938,7 +956,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             self._holds.seen(name, None)
             self._holds.mark_deleted(name)
             if hold is not None:
-                self._holds.lose(hold, StaleClaim(name, hold.token, None))
+                self._holds.lose(hold, StaleClaim(name, hold.token, None), deleted=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Removes the checkpoints (and their writes) of runs ``run_ids`` from every thread of the saver's tenant.

@@ -291,6 +291,58 @@ def test_own_delete_is_not_undone_by_a_run_that_read_before_it_and_had_not_writt
         a.close()
 
 
+def test_own_delete_then_the_conversation_begins_again_at_once() -> None:
+    """Found in use: deleting a conversation and starting it again on the same saver got ``StaleClaim`` until the
+    deleted run had been quiet for ``idle_release``. A new run (its first checkpoint names no parent) now begins
+    the thread at once, with the writes it sent before that checkpoint; the deleted run's writes stay refused."""
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        first = _put(a, "d4")
+        a.delete_thread("d4")
+        new_id = generate_checkpoint()["id"]
+        early = generate_config("d4")
+        early["configurable"]["checkpoint_id"] = new_id
+        a.put_writes(early, [("n", 7), ("n", 8)], "task-new")  # LangGraph may send them before the checkpoint
+        again = _put(a, "d4", checkpoint_id=new_id)
+        assert store.latest("d4").checkpoint.id == new_id
+        assert [w[1:] for w in a.get_tuple(again).pending_writes] == [("n", 7), ("n", 8)]
+        with pytest.raises(StaleClaim):
+            _put(a, "d4", first, step=1)  # the deleted run's next checkpoint
+        with pytest.raises(StaleClaim):
+            a.put_writes(first, [("n", 9)], "task-old")  # and its late writes
+        second = _put(a, "d4", again, step=1)
+        assert _ids(a, "d4") == [second["configurable"]["checkpoint_id"], new_id]
+    finally:
+        a.close()
+
+
+def test_own_delete_then_the_same_graph_runs_the_thread_again() -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    class S(TypedDict):
+        n: int
+
+    builder = StateGraph(S)
+    builder.add_node("inc", lambda s: {"n": s["n"] + 1})
+    builder.add_edge(START, "inc")
+    builder.add_edge("inc", END)
+    store = InMemoryCheckpointer()
+    saver = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        graph = builder.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": "d5"}}
+        assert graph.invoke({"n": 1}, config) == {"n": 2}
+        saver.delete_thread("d5")
+        assert graph.invoke({"n": 10}, config) == {"n": 11}  # before: StaleClaim for idle_release
+        assert [s.values for s in graph.get_state_history(config)] == [{"n": 11}, {"n": 10}, {}]
+        assert graph.invoke({"n": 20}, config) == {"n": 21}
+    finally:
+        saver.close()
+
+
 def test_subgraph_namespace_is_a_child_thread_fenced_by_the_root() -> None:
     store = InMemoryCheckpointer()
     a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
