@@ -382,9 +382,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         run = full_metadata.get("run_id")
         step = full_metadata.get("step")
         created = _producer_time(checkpoint.get("ts"))
+        root_hold = self._holds.acquire(thread_id) if ns else None
         # a run beginning the thread anew after this saver deleted it claims it at once (README "LangGraph")
         gone = self._holds.begin_again(name) if parent is None else None
-        root_hold = self._holds.acquire(thread_id) if ns else None
         filterable = m.filterable(full_metadata)
         with self._locked(name) as hold:
             self._check_live(hold)
