@@ -71,6 +71,8 @@ from threadloom.persistence.logs import get_logger
 log = get_logger("threadloom.langgraph")
 _T = TypeVar("_T")
 _PAGE = 100
+DELETED_READ = 100
+"""How many of a namespace's newest checkpoints ``delete_thread`` reads first, to refuse a run continuing from one."""
 _build_checkpoint = prevalidated_builder(Checkpoint)
 _build_event = prevalidated_builder(EventDraft)
 _build_commit = prevalidated_builder(Commit)
@@ -402,6 +404,11 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # refused, nothing written, and the claim released
                 self._holds.drop(name, release=True)
                 raise CheckpointConflict(name, parent, None)
+            if parent is not None and parent != hold.latest and self._holds.deleted_checkpoint(name, parent):
+                # a run that began before this saver deleted the thread, continuing after a new run began it again
+                # (found by hostile testing: after a second delete, or once the new run's hold was let go idle, the
+                # old run's state came back on top of the new history): refused, nothing written
+                raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is not None:
                 # the store keeps pending writes for the latest checkpoint only: the one this supersedes keeps
                 # its writes here, found by the metadata key (README "LangGraph", pending writes)
@@ -919,7 +926,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     def _claimed(self, name: str) -> Iterator[int]:
         """The token of this saver's hold on ``name``, or of a claim taken for the block and released after it."""
         hold = self._holds.get(name)
-        if hold is not None:
+        if hold is not None and not hold.deleted:  # a hold this saver's delete lost holds nothing: claimed anew
             self._check_live(hold)
             with hold.lock:
                 yield hold.token
@@ -944,15 +951,21 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         """
         for name in self._namespaces(thread_id):
             hold = self._holds.get(name)
-            if hold is None and self.store.latest(name) is None:
-                continue
+            if (hold is None or hold.deleted) and self.store.latest(name) is None:
+                continue  # nothing stored (deleted already, by this saver or another)
             with self._claimed(name) as token:
+                # the newest checkpoints a run of this saver may continue from (its hold's, and the thread's, read
+                # under the claim): a checkpoint naming one of them is refused from now on, however late it comes
+                gone = [item.id for item in self.store.history(name, limit=DELETED_READ)]
+                if hold is not None:
+                    gone += [*hold.committed, *([hold.latest] if hold.latest is not None else [])]
                 try:
                     self.store.delete_thread(name, token)
                 except StaleClaim as error:
-                    if hold is not None:
+                    if hold is not None and not hold.deleted:
                         self._holds.lose(hold, error)
                     raise
+            self._holds.remember_deleted(name, gone)
             self._holds.seen(name, None)
             self._holds.mark_deleted(name)
             if hold is not None:
@@ -1032,8 +1045,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                         PendingWrite(checkpoint_id=w.checkpoint_id, task_id=w.task_id, node_id=w.node_id,
                                      payload=w.payload) for w in writes) if last else ()))
                     parent_id = item.id
+                # the copied ids are the thread's again (a copy keeps ids; they may be ones this saver deleted)
+                self._holds.forget_deleted_checkpoints(target, [item.id for item in items])
                 hold = self._holds.get(target)
-                if hold is not None and parent_id is not None:
+                if hold is not None and not hold.deleted and parent_id is not None:
                     hold.stored(parent_id)
                     hold.writes = list(writes) if items else []
                     hold.regular_tasks = m.regular_tasks(hold.writes)

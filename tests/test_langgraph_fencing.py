@@ -317,6 +317,94 @@ def test_own_delete_then_the_conversation_begins_again_at_once() -> None:
         a.close()
 
 
+def test_deleted_runs_stay_refused_across_restarts_and_idle_releases() -> None:
+    """Found by hostile testing: the deleted run was refused only while the new run's hold remembered it. After a
+    second delete and restart, or once the new run's hold was let go idle, the first run's next checkpoint was
+    stored on top of the new history, with the deleted state."""
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        r0 = _put(a, "d6")
+        r0_next = _put(a, "d6", r0, step=1)
+        a.delete_thread("d6")
+        r1 = _put(a, "d6")
+        a.delete_thread("d6")
+        r2 = _put(a, "d6")
+        with pytest.raises(StaleClaim):
+            _put(a, "d6", r1, step=1)  # the run the last delete stopped, while the new run's hold remembers it
+        for parent in (r0, r0_next):  # the run an earlier delete stopped: refused all the same
+            with pytest.raises(CheckpointConflict):
+                _put(a, "d6", parent, step=2)
+        assert _ids(a, "d6") == [r2["configurable"]["checkpoint_id"]]
+    finally:
+        a.close()
+    b = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
+    try:
+        old = _put(b, "d7")
+        b.delete_thread("d7")
+        new = _put(b, "d7")
+        deadline = time.monotonic() + 10
+        while store.current_claim("d7") is not None:  # the new run is idle: its hold is let go
+            assert time.monotonic() < deadline, "the idle hold was never released"
+            time.sleep(0.01)
+        with pytest.raises(CheckpointConflict):
+            _put(b, "d7", old, step=1)
+        assert _ids(b, "d7") == [new["configurable"]["checkpoint_id"]]
+        _put(b, "d7", new, step=1)  # the new run goes on
+    finally:
+        b.close()
+
+
+def test_a_run_that_read_before_the_delete_stays_refused_after_a_new_run_or_a_hold_block() -> None:
+    """Found by hostile testing: with no hold at the delete (the run that read the thread was quiet, as with
+    ``durability="exit"``), or with the new run in a ``hold`` block, the old run's first checkpoint was stored on
+    top of the new run's history."""
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
+    try:
+        read = _put(a, "d8")
+        deadline = time.monotonic() + 10
+        while store.current_claim("d8") is not None:
+            assert time.monotonic() < deadline, "the idle hold was never released"
+            time.sleep(0.01)
+        a.delete_thread("d8")
+        new = _put(a, "d8")
+        with pytest.raises(CheckpointConflict):
+            _put(a, "d8", read, step=1)
+        assert _ids(a, "d8") == [new["configurable"]["checkpoint_id"]]
+    finally:
+        a.close()
+    b = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        old = _put(b, "d9")
+        b.delete_thread("d9")
+        with b.hold("d9"):
+            new = _put(b, "d9")
+            with pytest.raises(CheckpointConflict):
+                _put(b, "d9", old, step=1)
+        assert _ids(b, "d9") == [new["configurable"]["checkpoint_id"]]
+    finally:
+        b.close()
+
+
+def test_deleting_a_deleted_thread_again_or_copying_onto_it_needs_no_quiet_wait() -> None:
+    """Found by hostile testing: a second ``delete_thread``, or a ``copy_thread`` onto the thread just deleted,
+    raised ``StaleClaim`` (the hold the first delete lost) until ``idle_release``."""
+    store = InMemoryCheckpointer()
+    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
+    try:
+        _put(a, "e1")
+        a.delete_thread("e1")
+        a.delete_thread("e1")  # nothing left: nothing to do
+        source = _put(a, "e2")
+        a.copy_thread("e2", "e1")
+        assert _ids(a, "e1") == [source["configurable"]["checkpoint_id"]]
+        a.delete_thread("e1")
+        assert store.latest("e1") is None and store.current_claim("e1") is None
+    finally:
+        a.close()
+
+
 def test_own_delete_then_the_same_graph_runs_the_thread_again() -> None:
     from typing import TypedDict
 
