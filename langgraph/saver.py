@@ -695,13 +695,25 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         limit: int | None,
     ) -> Iterator[CheckpointTuple]:
         """The checkpoints of namespace ``name`` made before checkpoint ``before_id`` of the thread's namespace
-        ``before_ns`` (by the producers' times), newest first, at most ``limit``; nothing when it is not there."""
-        marker = self.store.checkpoint(m.store_thread(thread_id, before_ns), before_id)
-        if marker is None:
-            return
+        ``before_ns``, newest first, at most ``limit``. For an id LangGraph made (a version-6 UUID, whose text
+        order is its making order) those whose ids sort below it, as LangGraph's own savers compare, whether or not
+        that checkpoint is stored (with ``durability="exit"`` the replay names one never stored, or one stored with
+        a later ``ts`` than its id's time); for another id, those whose producers' times come before its stored
+        checkpoint's, nothing when it is not there."""
+        if _uuid6(before_id):
+            # found by fuzzing against InMemorySaver: a persistent subgraph replayed from a checkpoint "exit"
+            # durability did not store (or stored late) kept the wrong state
+            matching: Iterator[CheckpointTuple] = (
+                found for found in self._matching(name, wanted, None, None, page)
+                if found.config["configurable"]["checkpoint_id"] < before_id)
+        else:
+            marker = self.store.checkpoint(m.store_thread(thread_id, before_ns), before_id)
+            if marker is None:
+                return
+            matching = self._matching(name, wanted, None, None, page, made_before=marker.created_at)
         count = 0
         try:
-            for found in self._matching(name, wanted, None, None, page, made_before=marker.created_at):
+            for found in matching:
                 yield found
                 count += 1
                 if limit is not None and count >= limit:
@@ -1202,6 +1214,15 @@ class _Late:
         """The late writes found for ``checkpoint_id``, in the order the run sent them."""
         found = self._by_target.get(checkpoint_id)
         return sorted(found, key=m.batch_order) if found else []
+
+
+def _uuid6(text: str) -> bool:
+    """Whether ``text`` is a version-6 UUID in LangGraph's form (lower-case hex, hyphenated), as its checkpoint
+    ids are: their text order is the order they were made in."""
+    try:
+        return len(text) == 36 and text == text.lower() and uuid.UUID(text).version == 6
+    except ValueError:
+        return False
 
 
 def _reset(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:

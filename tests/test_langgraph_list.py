@@ -383,3 +383,54 @@ def test_a_persistent_subgraph_replayed_from_a_parent_checkpoint_is_as_in_langgr
         assert run(saver) == run(InMemorySaver())
     finally:
         saver.close()
+
+
+class _SubState(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    count: int
+
+
+class _OuterState(TypedDict, total=False):
+    n: int
+    log: Annotated[list[str], operator.add]
+
+
+@pytest.mark.parametrize("scenario", ["travel_with_exit", "travel_from_an_exit_checkpoint"])
+def test_a_persistent_subgraph_replayed_with_exit_durability_is_as_in_langgraphs_saver(store, scenario) -> None:
+    """Found by fuzzing against ``InMemorySaver``: with ``durability="exit"`` LangGraph's replay of a persistent
+    subgraph names a parent checkpoint that was never stored (the run's fork point), or one stored at exit with a
+    ``ts`` later than its id's time; the saver answered by the stored checkpoint's ``ts``, so the replayed subgraph
+    got the wrong state (its interrupt showed another count than LangGraph's own saver)."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    def run(saver: Any) -> list[Any]:
+        inner = StateGraph(_SubState)
+        inner.add_node("s1", lambda state: {"count": state.get("count", 0) + 1})
+        inner.add_node("ask", lambda state: {"log": [interrupt({"count": state["count"]})]})
+        inner.add_edge(START, "s1")
+        inner.add_edge("s1", "ask")
+        inner.add_edge("ask", END)
+        outer = StateGraph(_OuterState)
+        outer.add_node("pre", lambda state: {"n": state.get("n", 0) + 1})
+        outer.add_node("sub", inner.compile(checkpointer=True))
+        outer.add_edge(START, "pre")
+        outer.add_edge("pre", "sub")
+        outer.add_edge("sub", END)
+        graph = outer.compile(checkpointer=saver)
+        config = {"configurable": {"thread_id": f"exit-{scenario}"}}
+        if scenario == "travel_with_exit":
+            graph.invoke({"n": 0}, config)
+            first = list(graph.get_state_history(config))[-1]  # the input checkpoint
+            out = graph.invoke(None, first.config, durability="exit")
+        else:
+            graph.invoke({"n": 0}, config, durability="exit")
+            head = list(graph.get_state_history(config))[0]
+            out = graph.invoke(None, head.config)
+        return [i.value for i in out["__interrupt__"]]
+
+    saver = ThreadloomSaver(store)
+    try:
+        assert run(saver) == run(InMemorySaver())
+    finally:
+        saver.close()
