@@ -86,6 +86,8 @@ class Hold:
     deleted: bool = False
     # the hold such a delete lost, when this one began the thread anew: that run's writes stay refused
     gone: Hold | None = None
+    # the run id of checkpoints whose metadata names none (the holder until delete_for_runs hides that run)
+    run_id: str | None = None
     released: bool = False  # the saver let the claim go (block end, idle, drop): a write takes the thread's new hold
     last_used: float = attrs.field(factory=time.monotonic)
     renewed_at: float = attrs.field(factory=time.monotonic)

@@ -418,7 +418,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                     filterable[m.LATE_MARK] = "1"
             if hold.holds_late or hold.late_seen:
                 state[m.LATE_STATE] = True
-            run_id = str(run) if isinstance(run, str) and run else hold.holder
+            run_id = str(run) if isinstance(run, str) and run else hold.run_id or hold.holder
             text = _state_text(state, encoded_checkpoint, encoded_metadata, parent, hold)
             if text is None:  # a part the saver did not make itself: the constructor validates and encodes it
                 stored = Checkpoint(
@@ -1017,6 +1017,11 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         ]
         with self._claimed(name) as token:
             self.store.commit(name, Commit(token=token, effects=effects))
+        hold = self._holds.get(name)
+        if hold is not None and (hold.run_id or hold.holder) in present:
+            # the hidden run is the one this hold's checkpoints without a run id of their own are recorded under:
+            # the conversation's next checkpoints are another run's, not hidden with it (found by hostile testing)
+            hold.run_id = f"langgraph-run-{uuid.uuid4().hex}"
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copies every namespace's visible history of one LangGraph thread onto another, in the store's order.

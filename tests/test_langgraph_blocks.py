@@ -410,3 +410,18 @@ def test_a_conversation_goes_on_after_its_last_run_is_removed_and_starts_again_a
     graph.invoke({"log": ["d"]}, config("u", "run-3"))
     saver.delete_for_runs(["run-3"])
     assert graph.invoke({"log": ["e"]}, config("u"))["log"] == ["e", "n"]
+
+
+def test_removing_the_run_a_conversation_was_recorded_under_leaves_its_next_run_visible(saver) -> None:
+    """Found by hostile testing: a checkpoint whose metadata names no run is recorded under the saver's hold, and
+    removing that run hid every later checkpoint written under the same hold too (``get_state`` showed ``{}`` after
+    the next run returned)."""
+    graph = _one_node(saver, "n", lambda state: {"log": ["n"]})
+    config = {"configurable": {"thread_id": "unnamed"}}
+    graph.invoke({"log": ["x"]}, config)
+    run = saver.store.latest("unnamed").checkpoint.run_id
+    saver.delete_for_runs([run])
+    assert graph.get_state(config).values == {}
+    assert graph.invoke({"log": ["w"]}, config) == {"log": ["w", "n"]}
+    assert graph.get_state(config).values == {"log": ["w", "n"]}
+    assert [s.values for s in graph.get_state_history(config)] == [{"log": ["w", "n"]}, {"log": ["w"]}, {"log": []}]
