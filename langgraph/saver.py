@@ -372,13 +372,29 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             OutcomeUnknown: the store failed while the commit was in flight and a read could not show it applied
                 (a retry is safe: fencing and the checkpoint id refuse a second copy).
         """
+        return self._put_encoded(config, checkpoint, *self._encode_put(config, checkpoint, metadata))
+
+    def _encode_put(
+        self, config: RunnableConfig, checkpoint: LgCheckpoint, metadata: CheckpointMetadata
+    ) -> tuple[CheckpointMetadata, dict[str, str], dict[str, str]]:
+        """The full metadata of a :meth:`put` and the serializer's encoding of the checkpoint and of it: made
+        when the call comes (``aput`` makes them on the loop, before the rest runs on a thread of the pool, as
+        LangGraph's own savers serialize in the call: LangGraph may change a channel's value object after it)."""
+        m.configurable(config)
+        v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        return (full_metadata, m.encode(self.serde, "checkpoint", checkpoint),
+                m.encode(self.serde, "metadata", full_metadata))
+
+    def _put_encoded(
+        self, config: RunnableConfig, checkpoint: LgCheckpoint, full_metadata: CheckpointMetadata,
+        encoded_checkpoint: dict[str, str], encoded_metadata: dict[str, str],
+    ) -> RunnableConfig:
+        """:meth:`put` of what :meth:`_encode_put` made (``checkpoint`` read for its id and ``ts`` only)."""
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
         checkpoint_id = v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
-        full_metadata = get_checkpoint_metadata(config, metadata)
-        encoded_checkpoint = m.encode(self.serde, "checkpoint", checkpoint)
-        encoded_metadata = m.encode(self.serde, "metadata", full_metadata)
         parent = conf.get("checkpoint_id")
         state = {"format": m.FORMAT, "checkpoint": encoded_checkpoint, "metadata": encoded_metadata, "parent": parent}
         run = full_metadata.get("run_id")
@@ -492,14 +508,25 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 :meth:`put`. CheckpointConflict: another run wrote the thread between this run's read and this
                 write, which names a checkpoint that is no longer the latest (nothing written).
         """
+        self._put_encoded_writes(config, self._encode_writes(config, writes, task_id, task_path))
+
+    def _encode_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> list[PendingWrite]:
+        """The pending writes of a :meth:`put_writes`, encoded when the call comes (see :meth:`_encode_put`)."""
+        conf = m.configurable(config)
+        checkpoint_id = v.check_id("checkpoint_id", conf.get("checkpoint_id"))
+        batch = f"{self._batch_prefix}{next(self._batches):x}"
+        return m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
+
+    def _put_encoded_writes(self, config: RunnableConfig, encoded: list[PendingWrite]) -> None:
+        """:meth:`put_writes` of what :meth:`_encode_writes` made."""
+        if not encoded:
+            return
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
-        checkpoint_id = v.check_id("checkpoint_id", conf.get("checkpoint_id"))
-        batch = f"{self._batch_prefix}{next(self._batches):x}"
-        encoded = m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
-        if not encoded:
-            return
+        checkpoint_id = conf["checkpoint_id"]
         if self._holds.keep_early(name, checkpoint_id, encoded):
             return  # the thread this saver deleted: possibly a new run's first writes, kept for its first put
         root_hold = self._holds.acquire(thread_id) if ns else None
@@ -1132,12 +1159,14 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         self, config: RunnableConfig, checkpoint: LgCheckpoint, metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await self._run(functools.partial(self.put, config, checkpoint, metadata, new_versions))
+        encoded = self._encode_put(config, checkpoint, metadata)  # now, on the loop (see _encode_put)
+        return await self._run(functools.partial(self._put_encoded, config, checkpoint, *encoded))
 
     async def aput_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = ""
     ) -> None:
-        await self._run(functools.partial(self.put_writes, config, writes, task_id, task_path))
+        encoded = self._encode_writes(config, writes, task_id, task_path)  # now, on the loop (see _encode_put)
+        await self._run(functools.partial(self._put_encoded_writes, config, encoded))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._run(functools.partial(self.delete_thread, thread_id))

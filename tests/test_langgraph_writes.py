@@ -404,3 +404,42 @@ def test_late_writes_of_any_lag_are_read_back_by_every_read(seed) -> None:
             assert view(saver.list(generate_config("model"), filter={"mod": mod}, before=configs[before])) == {
                 i: writes for i, writes in model.items() if i % 7 == mod and i < before
             }
+
+
+def test_aput_and_aput_writes_store_the_values_as_they_were_when_called(store) -> None:
+    """Found by hostile testing: LangGraph's checkpoint shares a join channel's live set of the nodes seen, and may
+    add to it right after it calls ``aput``; the saver serialized on a thread of its pool, later, so a parallel join
+    replayed as if its last branch had already run. The async methods now encode in the call, as LangGraph's own
+    savers serialize in theirs."""
+    import asyncio
+
+    saver = ThreadloomSaver(store)
+    seen = {"b1"}
+    values = ["v1"]
+    config = generate_config("frozen")
+    checkpoint = generate_checkpoint(channel_values={"join:b1+b2:c": seen}, channel_versions={"join:b1+b2:c": 1})
+
+    async def main() -> dict:
+        stored = await _changed_after_call(
+            saver.aput(config, checkpoint, generate_metadata(), {"join:b1+b2:c": 1}), lambda: seen.add("b2"))
+        await _changed_after_call(saver.aput_writes(stored, [("log", values)], "task-1"), lambda: values.append("v2"))
+        return stored
+
+    try:
+        stored = asyncio.run(main())
+        found = saver.get_tuple(stored)
+        assert found.checkpoint["channel_values"]["join:b1+b2:c"] == {"b1"}
+        assert [w[1:] for w in found.pending_writes] == [("log", ["v1"])]
+    finally:
+        saver.close()
+
+
+async def _changed_after_call(call: Any, change: Any) -> Any:
+    """Runs the coroutine ``call`` up to its first wait, makes ``change`` (as LangGraph's loop may go on meanwhile),
+    then waits for it."""
+    import asyncio
+
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(0)  # the task runs up to its first await: the hop to the saver's pool
+    change()
+    return await task
