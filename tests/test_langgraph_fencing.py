@@ -75,6 +75,22 @@ def _put(saver, thread, parent=None, *, checkpoint_id=None, step=0, ns=""):
     return saver.put(config, checkpoint, generate_metadata(step=step), {"n": step + 1})
 
 
+def _wait_released(store, thread) -> None:
+    """Waits until no claim holds ``thread`` (a saver's idle hold was released)."""
+    deadline = time.monotonic() + 10
+    while store.current_claim(thread) is not None:
+        assert time.monotonic() < deadline, "the idle hold was never released"
+        time.sleep(0.01)
+
+
+def _refused_on_top_of(saver, thread, parent, new) -> None:
+    """A checkpoint continuing ``parent`` (a run the saver's delete stopped) is refused: ``thread`` holds ``new``
+    only."""
+    with pytest.raises(CheckpointConflict):
+        _put(saver, thread, parent, step=1)
+    assert _ids(saver, thread) == [new["configurable"]["checkpoint_id"]]
+
+
 def _ids(saver, thread):
     return [t.checkpoint["id"] for t in saver.list(generate_config(thread))]
 
@@ -275,10 +291,7 @@ def test_own_delete_is_not_undone_by_a_run_that_read_before_it_and_had_not_writt
     a = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
     try:
         first = _put(a, "d2")
-        deadline = time.monotonic() + 10
-        while store.current_claim("d2") is not None:  # the run is idle: its claim is released
-            assert time.monotonic() < deadline, "the idle hold was never released"
-            time.sleep(0.01)
+        _wait_released(store, "d2")  # the run is idle: its hold is let go
         a.delete_thread("d2")  # the run read `first` before this and has not written since
         assert a.get_tuple(generate_config("d2")) is None  # e.g. a UI reading the state meanwhile
         with pytest.raises(CheckpointConflict):
@@ -322,8 +335,7 @@ def test_deleted_runs_stay_refused_across_restarts_and_idle_releases() -> None:
     second delete and restart, or once the new run's hold was let go idle, the first run's next checkpoint was
     stored on top of the new history, with the deleted state."""
     store = InMemoryCheckpointer()
-    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
-    try:
+    with ThreadloomSaver(store, idle_release=timedelta(seconds=600)) as a:
         r0 = _put(a, "d6")
         r0_next = _put(a, "d6", r0, step=1)
         a.delete_thread("d6")
@@ -336,23 +348,13 @@ def test_deleted_runs_stay_refused_across_restarts_and_idle_releases() -> None:
             with pytest.raises(CheckpointConflict):
                 _put(a, "d6", parent, step=2)
         assert _ids(a, "d6") == [r2["configurable"]["checkpoint_id"]]
-    finally:
-        a.close()
-    b = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
-    try:
+    with ThreadloomSaver(store, idle_release=timedelta(milliseconds=1)) as b:
         old = _put(b, "d7")
         b.delete_thread("d7")
         new = _put(b, "d7")
-        deadline = time.monotonic() + 10
-        while store.current_claim("d7") is not None:  # the new run is idle: its hold is let go
-            assert time.monotonic() < deadline, "the idle hold was never released"
-            time.sleep(0.01)
-        with pytest.raises(CheckpointConflict):
-            _put(b, "d7", old, step=1)
-        assert _ids(b, "d7") == [new["configurable"]["checkpoint_id"]]
+        _wait_released(store, "d7")  # the new run is idle: its hold is let go
+        _refused_on_top_of(b, "d7", old, new)
         _put(b, "d7", new, step=1)  # the new run goes on
-    finally:
-        b.close()
 
 
 def test_a_run_that_read_before_the_delete_stays_refused_after_a_new_run_or_a_hold_block() -> None:
@@ -360,31 +362,16 @@ def test_a_run_that_read_before_the_delete_stays_refused_after_a_new_run_or_a_ho
     ``durability="exit"``), or with the new run in a ``hold`` block, the old run's first checkpoint was stored on
     top of the new run's history."""
     store = InMemoryCheckpointer()
-    a = ThreadloomSaver(store, idle_release=timedelta(milliseconds=1))
-    try:
+    with ThreadloomSaver(store, idle_release=timedelta(milliseconds=1)) as a:
         read = _put(a, "d8")
-        deadline = time.monotonic() + 10
-        while store.current_claim("d8") is not None:
-            assert time.monotonic() < deadline, "the idle hold was never released"
-            time.sleep(0.01)
+        _wait_released(store, "d8")  # the run is idle: no hold at the delete
         a.delete_thread("d8")
-        new = _put(a, "d8")
-        with pytest.raises(CheckpointConflict):
-            _put(a, "d8", read, step=1)
-        assert _ids(a, "d8") == [new["configurable"]["checkpoint_id"]]
-    finally:
-        a.close()
-    b = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
-    try:
+        _refused_on_top_of(a, "d8", read, _put(a, "d8"))
+    with ThreadloomSaver(store, idle_release=timedelta(seconds=600)) as b:
         old = _put(b, "d9")
         b.delete_thread("d9")
         with b.hold("d9"):
-            new = _put(b, "d9")
-            with pytest.raises(CheckpointConflict):
-                _put(b, "d9", old, step=1)
-        assert _ids(b, "d9") == [new["configurable"]["checkpoint_id"]]
-    finally:
-        b.close()
+            _refused_on_top_of(b, "d9", old, _put(b, "d9"))
 
 
 def test_deleting_a_deleted_thread_again_or_copying_onto_it_needs_no_quiet_wait() -> None:
