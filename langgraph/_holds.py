@@ -38,10 +38,6 @@ TURN_POLL_S = 0.01
 CLAIM_POLL_S = 0.05
 """How often a claim waiting for another run's claim to end tries again, in seconds."""
 
-DELETED_KEPT = 1_000
-"""How many ids of a thread's deleted checkpoints a saver remembers (its newest, across deletes): a run that began
-before the delete and continues from one of them is refused (README "LangGraph", Fencing)."""
-
 LATE_WINDOW = 64
 """How many checkpoints late a run's write may reach the saver and still be kept: a hold remembers the checkpoints
 it stored, the latest and the ``LATE_WINDOW`` before it (README "LangGraph", Limits)."""
@@ -137,8 +133,7 @@ class Holds:
         self._turns: dict[str, Block] = {}  # thread -> the hold block whose turn it is
         self._holds: dict[str, Hold] = {}
         self._deleted: dict[str, None] = {}  # threads this saver deleted and no run has begun again (oldest first)
-        # thread -> the ids of the checkpoints this saver deleted (the newest DELETED_KEPT of each delete; oldest first)
-        self._deleted_ids: dict[str, dict[str, None]] = {}
+        self._ever_deleted: dict[str, None] = {}  # threads this saver deleted, since (the last 10,000; oldest first)
         self._seen: dict[str, str | None] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -163,34 +158,17 @@ class Holds:
     def mark_deleted(self, thread_id: str) -> None:
         """Records that this saver deleted ``thread_id`` (see :meth:`was_deleted`)."""
         with self._lock:
-            self._deleted[thread_id] = None
-            if len(self._deleted) > 10_000:
-                self._deleted.pop(next(iter(self._deleted)))
+            for marks in (self._deleted, self._ever_deleted):
+                marks.pop(thread_id, None)
+                marks[thread_id] = None
+                if len(marks) > 10_000:
+                    marks.pop(next(iter(marks)))
 
-    def remember_deleted(self, thread_id: str, checkpoint_ids: Iterator[str] | list[str]) -> None:
-        """Records the ids of checkpoints of ``thread_id`` this saver deleted: a checkpoint naming one as its parent
-        belongs to a run that began before the delete, and is refused however long that run waited
-        (:meth:`deleted_checkpoint`). Kept for the 10,000 threads deleted last, at most ``DELETED_KEPT`` ids each."""
+    def ever_deleted(self, thread_id: str) -> bool:
+        """Whether this saver deleted ``thread_id`` (one of the last 10,000 threads it deleted), whatever came after:
+        a checkpoint there whose parent the thread does not hold may continue a run the delete stopped."""
         with self._lock:
-            known = self._deleted_ids.pop(thread_id, {})
-            known.update(dict.fromkeys(checkpoint_ids))
-            for stale in list(known)[: max(0, len(known) - DELETED_KEPT)]:
-                del known[stale]
-            self._deleted_ids[thread_id] = known
-            if len(self._deleted_ids) > 10_000:
-                self._deleted_ids.pop(next(iter(self._deleted_ids)))
-
-    def deleted_checkpoint(self, thread_id: str, checkpoint_id: str) -> bool:
-        """Whether this saver deleted checkpoint ``checkpoint_id`` of ``thread_id`` (see :meth:`remember_deleted`)."""
-        with self._lock:
-            return checkpoint_id in self._deleted_ids.get(thread_id, ())
-
-    def forget_deleted_checkpoints(self, thread_id: str, checkpoint_ids: list[str]) -> None:
-        """Forgets ``checkpoint_ids`` among the deleted ids of ``thread_id`` (a copy brought them back)."""
-        with self._lock:
-            known = self._deleted_ids.get(thread_id, {})
-            for checkpoint_id in checkpoint_ids:
-                known.pop(checkpoint_id, None)
+            return thread_id in self._ever_deleted
 
     def was_deleted(self, thread_id: str) -> bool:
         """Whether this saver deleted ``thread_id`` and no first checkpoint began it again since."""

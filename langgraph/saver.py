@@ -71,8 +71,6 @@ from threadloom.persistence.logs import get_logger
 log = get_logger("threadloom.langgraph")
 _T = TypeVar("_T")
 _PAGE = 100
-DELETED_READ = 100
-"""How many of a namespace's newest checkpoints ``delete_thread`` reads first, to refuse a run continuing from one."""
 _build_checkpoint = prevalidated_builder(Checkpoint)
 _build_event = prevalidated_builder(EventDraft)
 _build_commit = prevalidated_builder(Commit)
@@ -380,7 +378,8 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         """The full metadata of a :meth:`put` and the serializer's encoding of the checkpoint and of it: made
         when the call comes (``aput`` makes them on the loop, before the rest runs on a thread of the pool, as
         LangGraph's own savers serialize in the call: LangGraph may change a channel's value object after it)."""
-        m.configurable(config)
+        conf = m.configurable(config)
+        m.store_thread(conf["thread_id"], conf.get("checkpoint_ns") or "")
         v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
         full_metadata = get_checkpoint_metadata(config, metadata)
         return (full_metadata, m.encode(self.serde, "checkpoint", checkpoint),
@@ -420,10 +419,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                 # refused, nothing written, and the claim released
                 self._holds.drop(name, release=True)
                 raise CheckpointConflict(name, parent, None)
-            if parent is not None and parent != hold.latest and self._holds.deleted_checkpoint(name, parent):
-                # a run that began before this saver deleted the thread, continuing after a new run began it again
-                # (found by hostile testing: after a second delete, or once the new run's hold was let go idle, the
-                # old run's state came back on top of the new history): refused, nothing written
+            if (parent is not None and parent != hold.latest and self._holds.ever_deleted(name)
+                    and self.store.checkpoint(name, parent) is None):
+                # on a thread this saver deleted, a parent the thread does not hold: a run that began before the
+                # delete, continuing after a new run began the thread again (found by hostile testing: after a
+                # second delete, once the new run's hold was let go idle, or from a checkpoint far back, the old
+                # run's state came back on top of the new history): refused, nothing written
                 raise CheckpointConflict(name, parent, hold.latest)
             if hold.latest is not None:
                 # the store keeps pending writes for the latest checkpoint only: the one this supersedes keeps
@@ -515,6 +516,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
     ) -> list[PendingWrite]:
         """The pending writes of a :meth:`put_writes`, encoded when the call comes (see :meth:`_encode_put`)."""
         conf = m.configurable(config)
+        m.store_thread(conf["thread_id"], conf.get("checkpoint_ns") or "")
         checkpoint_id = v.check_id("checkpoint_id", conf.get("checkpoint_id"))
         batch = f"{self._batch_prefix}{next(self._batches):x}"
         return m.pending_writes(self.serde, checkpoint_id, task_id, task_path, writes, batch)
@@ -649,10 +651,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
 
         ``before`` (a config whose ``checkpoint_id`` names a checkpoint) lists what is older than it in its
         namespace (``before``'s ``checkpoint_ns`` when the listing spans namespaces, else the listed one), then
-        the namespaces listed after that one; nothing when it is not there. Listing one namespace ``before`` a
-        checkpoint of the thread's root namespace (or of ``before``'s ``checkpoint_ns``) that the listed one does not
-        hold, as LangGraph's replay of a persistent subgraph does, lists the listed namespace's checkpoints made
-        before that one (by the producers' ``ts``, as LangGraph's own savers compare ids). ``filter`` keeps the
+        the namespaces listed after that one; nothing when it is not there (listing several namespaces). Listing
+        one namespace ``before`` a checkpoint id it does not hold, as LangGraph's replay of a persistent subgraph
+        does with one of the root namespace's, lists the namespace's checkpoints whose ids sort below it when it is
+        a LangGraph id (a version-6 UUID, compared as LangGraph's own savers compare them, stored or not); for
+        another id, those made (the producers' ``ts``) before that checkpoint of the root namespace (or of
+        ``before``'s ``checkpoint_ns``), nothing when it is not there. ``filter`` keeps the
         checkpoints whose metadata holds every key with the same JSON value (README "LangGraph": ``1`` and ``1.0``
         are one value, ``true`` is not ``1``, objects compare whatever their key order, ``None`` matches only a
         stored ``None``).
@@ -713,7 +717,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             return
         # a single namespace listed below a checkpoint it does not hold: LangGraph's replay of a persistent subgraph
         # names the parent's checkpoint; its namespace's checkpoints made before that one, as LangGraph's savers
-        # answer (they compare the ids' times: here the producers' times)
+        # answer (they compare the ids)
         listed = m.store_thread(thread_id, conf["checkpoint_ns"])
         yield from self._made_before(thread_id, after_ns or "", after_id, listed, wanted, page, limit)
 
@@ -993,18 +997,12 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             if (hold is None or hold.deleted) and self.store.latest(name) is None:
                 continue  # nothing stored (deleted already, by this saver or another)
             with self._claimed(name) as token:
-                # the newest checkpoints a run of this saver may continue from (its hold's, and the thread's, read
-                # under the claim): a checkpoint naming one of them is refused from now on, however late it comes
-                gone = [item.id for item in self.store.history(name, limit=DELETED_READ)]
-                if hold is not None:
-                    gone += [*hold.committed, *([hold.latest] if hold.latest is not None else [])]
                 try:
                     self.store.delete_thread(name, token)
                 except StaleClaim as error:
                     if hold is not None and not hold.deleted:
                         self._holds.lose(hold, error)
                     raise
-            self._holds.remember_deleted(name, gone)
             self._holds.seen(name, None)
             self._holds.mark_deleted(name)
             if hold is not None:
@@ -1068,6 +1066,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
             items.reverse()
             writes = latest.pending_writes if items and items[-1].id == latest.checkpoint.id else ()
             target = m.store_thread(target_thread_id, ns)
+            self._holds.begin_again(target)  # a hold this saver's delete lost: the copy writes the thread anew
             with self._claimed(target) as token:
                 parent = self.store.latest(target)
                 parent_id = parent.checkpoint.id if parent is not None else None
@@ -1089,9 +1088,10 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
                         PendingWrite(checkpoint_id=w.checkpoint_id, task_id=w.task_id, node_id=w.node_id,
                                      payload=w.payload) for w in writes) if last else ()))
                     parent_id = item.id
-                # the copied ids are the thread's again (a copy keeps ids; they may be ones this saver deleted)
-                self._holds.forget_deleted_checkpoints(target, [item.id for item in items])
+                self._holds.forget_deleted(target)  # written anew: a run continuing from the copy is no stale one
                 hold = self._holds.get(target)
+                if parent_id is not None:
+                    self._holds.seen(target, parent_id)
                 if hold is not None and not hold.deleted and parent_id is not None:
                     hold.stored(parent_id)
                     hold.writes = list(writes) if items else []

@@ -376,20 +376,59 @@ def test_a_run_that_read_before_the_delete_stays_refused_after_a_new_run_or_a_ho
 
 def test_deleting_a_deleted_thread_again_or_copying_onto_it_needs_no_quiet_wait() -> None:
     """Found by hostile testing: a second ``delete_thread``, or a ``copy_thread`` onto the thread just deleted,
-    raised ``StaleClaim`` (the hold the first delete lost) until ``idle_release``."""
+    raised ``StaleClaim`` (the hold the first delete lost) until ``idle_release``; once the copy worked, the run
+    continuing from it was refused (the saver still took the thread for deleted and empty)."""
     store = InMemoryCheckpointer()
-    a = ThreadloomSaver(store, idle_release=timedelta(seconds=600))
-    try:
+    with ThreadloomSaver(store, idle_release=timedelta(seconds=600)) as a:
         _put(a, "e1")
         a.delete_thread("e1")
         a.delete_thread("e1")  # nothing left: nothing to do
         source = _put(a, "e2")
         a.copy_thread("e2", "e1")
         assert _ids(a, "e1") == [source["configurable"]["checkpoint_id"]]
+        following = _put(a, "e1", source, step=1)  # the restored conversation goes on
+        assert _ids(a, "e1") == [following["configurable"]["checkpoint_id"], source["configurable"]["checkpoint_id"]]
         a.delete_thread("e1")
         assert store.latest("e1") is None and store.current_claim("e1") is None
-    finally:
-        a.close()
+
+
+def test_a_run_forking_far_back_before_the_delete_stays_refused() -> None:
+    """Found by hostile testing: the saver remembered only the newest 100 deleted checkpoints, so a time travel
+    from one further back, under way at the delete, wrote its state back after the conversation began again."""
+    store = InMemoryCheckpointer()
+    with ThreadloomSaver(store, idle_release=timedelta(seconds=600)) as a:
+        configs = [_put(a, "f1")]
+        for step in range(1, 150):
+            configs.append(_put(a, "f1", configs[-1], step=step))
+        a.delete_thread("f1")
+        _refused_on_top_of(a, "f1", configs[3], _put(a, "f1"))
+
+
+def test_a_checkpoint_another_saver_restored_is_no_deleted_one() -> None:
+    """Found by hostile testing: a saver that deleted a thread refused every fork from its history after another
+    saver (host) restored it by a copy keeping the ids; a parent the thread holds is never a deleted run's."""
+    store = InMemoryCheckpointer()
+    with ThreadloomSaver(store, idle_release=timedelta(milliseconds=1)) as a, \
+            ThreadloomSaver(store, idle_release=timedelta(milliseconds=1)) as b:
+        first = _put(a, "g1")
+        _put(a, "g1", first, step=1)
+        _wait_released(store, "g1")
+        a.copy_thread("g1", "g1-archive")
+        _wait_released(store, "g1-archive")
+        a.delete_thread("g1")
+        b.copy_thread("g1-archive", "g1")
+        _wait_released(store, "g1")
+        assert a.get_tuple(first) is not None  # LangGraph reads the checkpoint it travels from
+        fork = _put(a, "g1", first, step=1)  # time travel from the restored first checkpoint
+        assert _ids(a, "g1")[0] == fork["configurable"]["checkpoint_id"]
+
+
+def test_empty_writes_still_name_a_valid_thread() -> None:
+    with ThreadloomSaver(InMemoryCheckpointer()) as a:
+        config = generate_config("a::ns::b")
+        config["configurable"]["checkpoint_id"] = generate_checkpoint()["id"]
+        with pytest.raises(ValidationError):
+            a.put_writes(config, [], "task-1")
 
 
 def test_own_delete_then_the_same_graph_runs_the_thread_again() -> None:
