@@ -987,7 +987,9 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         A run of this saver writing the thread afterwards gets ``StaleClaim`` (the thread is not brought back);
         a run that had read the thread but not written it yet (as with ``durability="exit"``) gets
         ``CheckpointConflict`` at its first checkpoint, which names one the thread no longer has. A new run, whose
-        first checkpoint names none, writes the thread anew at once (the same conversation started again).
+        first checkpoint names none, writes the thread anew at once (the same conversation started again); a run
+        that began before the delete then gets ``CheckpointConflict`` for a checkpoint whose parent the thread does
+        not hold (README "LangGraph", Fencing). Deleting a thread that holds nothing does nothing.
 
         Raises:
             ThreadBusy: another run holds the thread or one of its namespaces (nothing more deleted; retry later).
