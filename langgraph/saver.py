@@ -393,7 +393,7 @@ class ThreadloomSaver(BaseCheckpointSaver[str]):
         conf = m.configurable(config)
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns") or ""
         name = m.store_thread(thread_id, ns)
-        checkpoint_id = v.check_id("checkpoint.id", checkpoint.get("id") if isinstance(checkpoint, dict) else None)
+        checkpoint_id = checkpoint["id"]  # validated by _encode_put
         parent = conf.get("checkpoint_id")
         state = {"format": m.FORMAT, "checkpoint": encoded_checkpoint, "metadata": encoded_metadata, "parent": parent}
         run = full_metadata.get("run_id")
